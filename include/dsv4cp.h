@@ -1,0 +1,380 @@
+/* dsv4cp.h: DeepSeek V4 hybrid attention (sliding window, CSA, HCA), forward and backward, with
+ * two-stage context parallelism. The one public header of libdsv4cp.
+ *
+ * Conventions
+ *  - Every exported symbol starts with dsv4_, every macro and enum value with DSV4_.
+ *  - Functions return dsv4_status; on failure dsv4_last_error() holds one line that names the bad
+ *    argument. The library never exits and never prints to stdout.
+ *  - Tensors are fp32, row-major, contiguous; a comment gives each pointer's shape, e.g. // [T, H, D].
+ *    Notation as in SPEC.md: T tokens, H heads, D head dim, d model dim, dq q latent, Hi/Di indexer
+ *    heads/dim, C compressed slots, k = index_topk, r = compress ratio of the layer (0, 4, 128).
+ *  - "overwritten" outputs are fully written; "accumulated" outputs are added into (zero them first).
+ *  - Pointers marked "may be NULL" are optional.
+ */
+#ifndef DSV4CP_H
+#define DSV4CP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Status and errors
+ * ------------------------------------------------------------------------------------------- */
+typedef enum {
+  DSV4_OK = 0,
+  DSV4_ERR_ARG,         /* an argument has a bad value or shape */
+  DSV4_ERR_CONFIG,      /* a config key is missing or impossible */
+  DSV4_ERR_IO,          /* a file cannot be opened, read or written */
+  DSV4_ERR_FORMAT,      /* a file is malformed (truncated, garbage header) */
+  DSV4_ERR_TENSOR,      /* a tensor is missing or has the wrong shape or dtype */
+  DSV4_ERR_NOMEM,       /* allocation failed */
+  DSV4_ERR_LAYOUT,      /* a distributed layout was rejected by an operator's infer rule */
+  DSV4_ERR_COMM,        /* communication failed, or ranks disagree on their inputs */
+  DSV4_ERR_STATE,       /* call out of order (e.g. backward without a training forward) */
+  DSV4_ERR_UNSUPPORTED  /* a valid request this build does not support */
+} dsv4_status;
+
+const char *dsv4_status_string(dsv4_status st);
+/* Message of the last failure on the calling thread (names the failing argument). */
+const char *dsv4_last_error(void);
+/* "file.c:123" where the last failure was detected. */
+const char *dsv4_last_error_location(void);
+void dsv4_clear_error(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Configuration (SPEC section 1)
+ * ------------------------------------------------------------------------------------------- */
+#define DSV4_MAX_LAYERS 1024
+
+typedef enum { DSV4_KL_SPARSE = 0, DSV4_KL_DENSE = 1 } dsv4_kl_mode;
+
+typedef struct {
+  int dim;              /* hidden_size, d */
+  int n_heads;          /* num_attention_heads, H */
+  int head_dim;         /* head_dim, D (one shared KV head: K = V) */
+  int rope_dim;         /* qk_rope_head_dim, R: RoPE on the last R dims of every rotated vector */
+  int q_lora_rank;      /* dq */
+  int o_groups;         /* G */
+  int o_lora_rank;      /* Ro */
+  int window;           /* sliding_window, W */
+  int index_n_heads;    /* Hi */
+  int index_head_dim;   /* Di */
+  int index_topk;       /* k */
+  int n_layers;         /* length of compress_ratios */
+  int compress_ratios[DSV4_MAX_LAYERS]; /* r per layer: 0, 4 or 128 */
+  double rope_theta;          /* r == 0 layers, no YaRN */
+  double compress_rope_theta; /* r > 0 layers, with YaRN */
+  double rope_factor;         /* rope_scaling.factor */
+  double rope_orig_max_pos;   /* rope_scaling.original_max_position_embeddings; 0 disables YaRN */
+  double beta_fast, beta_slow;
+  double eps;                 /* rms_norm_eps */
+  double index_loss_coeff;    /* index_loss_coeff (not a DeepSeek key; default 1e-3; 0 = loss off) */
+  dsv4_kl_mode index_loss_mode; /* index_loss_mode: "sparse" (over sel[p]) or "dense" (all visible) */
+} dsv4_config;
+
+/* Built-in presets: "flash" (V4-Flash), "pro" (V4-Pro), "tiny" (small dims for tests/demos). */
+dsv4_status dsv4_config_preset(dsv4_config *cfg, const char *name);
+/* Parses a Hugging Face style DeepSeek V4 config.json (text or file). Structural keys are required;
+ * rope/eps keys default to V4-Flash values; unknown keys are ignored. Validates the result. */
+dsv4_status dsv4_config_parse(dsv4_config *cfg, const char *json_text);
+dsv4_status dsv4_config_load(dsv4_config *cfg, const char *path);
+/* Checks every value (H % o_groups, rope_dim even and <= every rotated vector, ratios in {0,4,128}...). */
+dsv4_status dsv4_config_validate(const dsv4_config *cfg);
+/* Compress ratio of a layer, or -1 when layer is out of range. */
+int dsv4_config_ratio(const dsv4_config *cfg, int layer);
+
+/* ---------------------------------------------------------------------------------------------
+ * Weights of one layer (SPEC section 2): an owned set of fp32 tensors with DeepSeek's names.
+ * The same object type holds gradients (dsv4_weights_create gives zeros).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct dsv4_weights dsv4_weights;
+
+typedef struct {
+  const char *name;   /* short name, e.g. "attn.wq_a.weight" */
+  int ndim;           /* 1 or 2 */
+  int64_t shape[2];
+  int64_t numel;
+  float *data;
+} dsv4_tensor;
+
+dsv4_status dsv4_weights_create(dsv4_weights **out, const dsv4_config *cfg, int layer);
+void dsv4_weights_free(dsv4_weights *w);
+int dsv4_weights_count(const dsv4_weights *w);
+dsv4_status dsv4_weights_get(const dsv4_weights *w, int i, dsv4_tensor *t);
+/* Tensor by short name ("attn.wq_a.weight") or full name ("layers.2.attn.wq_a.weight"); NULL if absent. */
+float *dsv4_weights_find(const dsv4_weights *w, const char *name);
+void dsv4_weights_zero(dsv4_weights *w);
+/* Deterministic random values from seed: element i of tensor t depends only on (seed, t's name, i). */
+dsv4_status dsv4_weights_init_random(dsv4_weights *w, uint64_t seed);
+/* Loads every tensor from a safetensors file, named "layers.L.<short>" or "<short>"; F32/BF16/F16.
+ * A missing tensor, wrong shape or wrong dtype is an error naming the tensor. */
+dsv4_status dsv4_weights_load(dsv4_weights *w, const char *path);
+/* Prefix the loaded file used for this layer ("layers.L." or ""), for naming gradients. */
+const char *dsv4_weights_prefix(const dsv4_weights *w);
+/* dst += src, tensor by tensor (same config and layer). */
+dsv4_status dsv4_weights_add(dsv4_weights *dst, const dsv4_weights *src);
+
+/* ---------------------------------------------------------------------------------------------
+ * Packed sequences (SPEC section 4)
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+  const int32_t *cu_seqlens;   /* [n_docs + 1] prefix sums of PADDED lengths, cu[0] = 0, cu[n] = T;
+                                  may be NULL: one document [0, T) */
+  const int32_t *seqlens_real; /* [n_docs] real tokens per document (0 < real <= padded); may be NULL */
+  int n_docs;                  /* ignored when cu_seqlens is NULL */
+  int64_t T;                   /* GLOBAL packed token count (all ranks together) */
+  int batched;                 /* 1: B equal-length sequences (BSND); under CP each rank then holds
+                                  S/N tokens of EVERY sequence instead of a contiguous T/N slice */
+} dsv4_packing;
+
+/* Where each local row sits in the global stream. Owned by the core; valid until its next call. */
+typedef struct {
+  int64_t n;           /* local rows */
+  const int64_t *global; /* [n] global token index */
+  const int32_t *doc;  /* [n] document index */
+  const int32_t *pos;  /* [n] document-local position (used by every RoPE) */
+  const uint8_t *real; /* [n] 1 = real token, 0 = padding */
+} dsv4_token_map;
+
+/* ---------------------------------------------------------------------------------------------
+ * The three operators, usable on their own. Each has a fast version and a naive reference (_ref)
+ * with the same arguments. Row indices in the argument structs are into the tensors passed, so the
+ * same kernels serve one rank and CP shards (where ori_kv carries a left halo and k_idx / cmp_kv are
+ * the gathered global compressed sequence).
+ * ------------------------------------------------------------------------------------------- */
+
+/* lightning_indexer: I[p, j] = sum_h w[p,h] * ReLU(q_idx[p,h] . k_idx[j]) over the visible rows
+ * j in [vis_begin[p], vis_begin[p] + vis_count[p]); returns the min(topk, vis_count[p]) best rows
+ * sorted by (score desc, row asc), padded with -1 (scores -INFINITY). */
+typedef struct {
+  int32_t *topk_ids;        /* [S1, topk] out, overwritten */
+  float *topk_scores;       /* [S1, topk] out, overwritten; may be NULL */
+  const float *q_idx;       /* [S1, Hi, Di] indexer queries (after RoPE) */
+  const float *k_idx;       /* [C, Di] compressed indexer keys */
+  const float *weights;     /* [S1, Hi] per-head weights (already scaled by Di^-0.5 * Hi^-0.5) */
+  const int32_t *vis_begin; /* [S1] first visible row of k_idx */
+  const int32_t *vis_count; /* [S1] visible rows; 0 = none (padding tokens, early positions) */
+  int64_t S1, C;
+  int Hi, Di, topk;
+} dsv4_indexer_args;
+
+dsv4_status dsv4_lightning_indexer(const dsv4_indexer_args *a);
+dsv4_status dsv4_lightning_indexer_ref(const dsv4_indexer_args *a);
+
+/* sparse_attn_sharedkv: per query p and head h, keys = the window rows of ori_kv
+ * [win_start[p], win_start[p] + win_len[p]) followed by the compressed rows (cmp_ids[p, :] without
+ * -1, or the range [cmp_begin[p], cmp_begin[p] + cmp_count[p])); K = V.
+ *   z_j = scale * q[p,h] . key_j;  out = sum_j e^{z_j} key_j / (sum_j e^{z_j} + e^{sink[h]})
+ *   lse = log(sum_j e^{z_j} + e^{sink[h]}).  A query with win_len 0 (padding) gets out = 0. */
+typedef struct {
+  float *out;               /* [S1, H, D] out, overwritten */
+  float *lse;               /* [S1, H] out, overwritten */
+  const float *q;           /* [S1, H, D] */
+  const float *ori_kv;      /* [R, D] raw kv rows (a left halo, then local rows) */
+  const int32_t *win_start; /* [S1] */
+  const int32_t *win_len;   /* [S1] */
+  const float *cmp_kv;      /* [C, D] compressed kv; may be NULL (r == 0) */
+  const int32_t *cmp_ids;   /* [S1, n_cmp_ids] rows of cmp_kv, -1 = unused; may be NULL */
+  const int32_t *cmp_begin; /* [S1] used when cmp_ids is NULL and cmp_kv is not; may be NULL */
+  const int32_t *cmp_count; /* [S1] */
+  const float *sink;        /* [H] */
+  int64_t S1, R, C;
+  int H, D, n_cmp_ids;
+  float scale;              /* D^-0.5 */
+} dsv4_attn_args;
+
+/* Backward of sparse_attn_sharedkv. Same keys as the forward. */
+typedef struct {
+  float *dq;                /* [S1, H, D] out, overwritten */
+  float *d_ori_kv;          /* [R, D] accumulated */
+  float *d_cmp_kv;          /* [C, D] accumulated; may be NULL when cmp_kv is NULL */
+  float *d_sink;            /* [H] accumulated */
+  const float *dout;        /* [S1, H, D] */
+  const float *out;         /* [S1, H, D] forward output */
+  const float *lse;         /* [S1, H] forward lse */
+  dsv4_attn_args fwd;       /* the forward's arguments (out/lse fields ignored) */
+} dsv4_attn_bwd_args;
+
+dsv4_status dsv4_sparse_attn(const dsv4_attn_args *a);
+dsv4_status dsv4_sparse_attn_ref(const dsv4_attn_args *a);
+dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *a);
+dsv4_status dsv4_sparse_attn_bwd_ref(const dsv4_attn_bwd_args *a);
+
+/* indexer_kl_loss (SPEC 3, "Indexer KL loss"): for each query with a non-empty set J_p
+ * (sparse: the ids in topk_ids[p]; dense: all visible rows):
+ *   teacher t_j = mean_h softmax_j(scale * q[p,h] . cmp_kv[j])   (detached, no window, no sink)
+ *   student s_j = softmax_j(I[p, j])
+ *   loss_sum += sum_j t_j (log t_j - log s_j);  n_valid += 1
+ * Gradients (when the pointers are not NULL) are those of grad_scale * loss_sum:
+ *   dI_j = grad_scale * (s_j - t_j), pushed through I to q_idx, weights and k_idx. */
+typedef struct {
+  double *loss_sum;         /* [1] out, overwritten (sum of loss_rows in query order) */
+  int64_t *n_valid;         /* [1] out, overwritten */
+  double *loss_rows;        /* [S1] out, overwritten: each query's term (0 when not valid);
+                               may be NULL. Lets callers sum exactly across ranks. */
+  float *d_q_idx;           /* [S1, Hi, Di] overwritten; may be NULL */
+  float *d_weights;         /* [S1, Hi] overwritten; may be NULL */
+  float *d_k_idx;           /* [C, Di] accumulated; may be NULL */
+  const float *q;           /* [S1, H, D] main queries (teacher, detached) */
+  const float *cmp_kv;      /* [C, D] main compressed kv (teacher, detached) */
+  const int32_t *topk_ids;  /* [S1, topk] selected rows (sparse mode) */
+  const float *q_idx;       /* [S1, Hi, Di] */
+  const float *k_idx;       /* [C, Di] */
+  const float *weights;     /* [S1, Hi] */
+  const int32_t *vis_begin; /* [S1] visible rows (dense mode) */
+  const int32_t *vis_count; /* [S1] */
+  int64_t S1, C;
+  int H, D, Hi, Di, topk;
+  int dense;                /* 0: over sel[p]; 1: over all visible rows */
+  float scale;              /* main attention scale, D^-0.5 */
+  float grad_scale;         /* coeff / n_valid_global * dloss */
+} dsv4_kl_args;
+
+dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a);
+dsv4_status dsv4_indexer_kl_loss_ref(const dsv4_kl_args *a);
+
+/* ---------------------------------------------------------------------------------------------
+ * Core attention: everything after the q/kv projections and before the output projection
+ * (compressor, indexer, sink, sparse attention, KL loss). Its forward and backward are called
+ * through function pointers so that dsv4_cp_patch can swap them; the model code never changes.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct dsv4_core dsv4_core;
+
+typedef enum { DSV4_IMPL_FAST = 0, DSV4_IMPL_NAIVE = 1 } dsv4_impl;
+
+typedef struct {
+  float *o;                 /* [n, H, D] out: attention output per head, before inverse RoPE */
+  int32_t *topk_ids;        /* [n, k] out (r == 4): global compressed ids, -1 padded; may be NULL */
+  float *indexer_loss;      /* [1] out (r == 4): the whole-batch loss (CP: on every rank); may be NULL */
+  const float *q;           /* [n, H, D] queries after per-head RMSNorm and RoPE */
+  const float *kv;          /* [n, D] shared key/value after kv_norm and RoPE */
+  const float *x;           /* [n, d] layer input (compressors, indexer weights) */
+  const float *qr;          /* [n, dq] normed query latent (indexer queries) */
+  const dsv4_packing *pk;   /* global packing meta */
+  int64_t n;                /* local rows */
+  int train;                /* 1: keep what backward needs (q, kv, x, qr must stay valid until then) */
+} dsv4_core_fwd_args;
+
+typedef struct {
+  float *dq;                /* [n, H, D] overwritten */
+  float *dkv;               /* [n, D] overwritten */
+  float *dx;                /* [n, d] accumulated (main compressor path; the indexer is detached) */
+  dsv4_weights *grads;      /* accumulated: attn_sink, compressor.*, indexer.* (per-rank partial) */
+  const float *d_o;         /* [n, H, D] */
+  float d_loss;             /* d objective / d indexer_loss (1 for sum(out * dout) + indexer_loss) */
+} dsv4_core_bwd_args;
+
+typedef struct {
+  dsv4_status (*token_map)(dsv4_core *c, const dsv4_packing *pk, int64_t n, dsv4_token_map *map);
+  dsv4_status (*forward)(dsv4_core *c, const dsv4_core_fwd_args *a);
+  dsv4_status (*backward)(dsv4_core *c, const dsv4_core_bwd_args *a);
+} dsv4_core_ops;
+
+/* The core borrows w (attn_sink, compressor.*, indexer.*), which must outlive it. */
+dsv4_status dsv4_core_create(dsv4_core **out, const dsv4_config *cfg, int layer, const dsv4_weights *w);
+void dsv4_core_free(dsv4_core *c);
+void dsv4_core_set_impl(dsv4_core *c, dsv4_impl impl);
+/* Rows of the local shard: identity for one rank; the rank's shard after dsv4_cp_patch. */
+dsv4_status dsv4_core_token_map(dsv4_core *c, const dsv4_packing *pk, int64_t n, dsv4_token_map *map);
+dsv4_status dsv4_core_forward(dsv4_core *c, const dsv4_core_fwd_args *a);
+dsv4_status dsv4_core_backward(dsv4_core *c, const dsv4_core_bwd_args *a);
+/* The current function pointers, and a way to replace them (what dsv4_cp_patch uses). */
+dsv4_core_ops dsv4_core_get_ops(const dsv4_core *c);
+void dsv4_core_set_ops(dsv4_core *c, const dsv4_core_ops *ops, void *impl_state,
+                       void (*free_state)(void *));
+void *dsv4_core_impl_state(const dsv4_core *c);
+
+/* ---------------------------------------------------------------------------------------------
+ * The layer: q/kv projections, the core, inverse RoPE and the grouped output projection.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct dsv4_layer dsv4_layer;
+
+/* The layer borrows cfg's values (copied) and w (must outlive it). */
+dsv4_status dsv4_layer_create(dsv4_layer **out, const dsv4_config *cfg, int layer, const dsv4_weights *w);
+void dsv4_layer_free(dsv4_layer *l);
+dsv4_core *dsv4_layer_core(dsv4_layer *l);
+/* NAIVE: reference loops for every product and operator (slow; for self-checks). */
+void dsv4_layer_set_impl(dsv4_layer *l, dsv4_impl impl);
+
+/* Forward over the n local rows of x. out: [n, d] overwritten (zero on padding rows);
+ * topk_ids: [n, k] (r == 4; may be NULL); indexer_loss: [1] (r == 4; may be NULL).
+ * train = 1 keeps activations for dsv4_layer_backward (x must stay valid until then). */
+dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, float *indexer_loss,
+                               const float *x, int64_t n, const dsv4_packing *pk, int train);
+/* Backward of sum(out * dout) + d_loss * indexer_loss. dx: [n, d] overwritten (zero on padding);
+ * grads: accumulated (per-rank partial sums under CP; see dsv4_cp_allreduce_grads). */
+dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, const float *dout,
+                                float d_loss);
+
+/* ---------------------------------------------------------------------------------------------
+ * Context parallelism (SPEC section 5)
+ * ------------------------------------------------------------------------------------------- */
+typedef struct dsv4_comm dsv4_comm;
+
+/* A communicator of one rank (no messages). MPI: see dsv4cp_mpi.h. */
+dsv4_status dsv4_comm_create_self(dsv4_comm **out);
+void dsv4_comm_free(dsv4_comm *c);
+int dsv4_comm_rank(const dsv4_comm *c);
+int dsv4_comm_size(const dsv4_comm *c);
+
+typedef enum {
+  DSV4_SPLIT_CONTIGUOUS = 0, /* rank q holds tokens [q L, (q+1) L) */
+  DSV4_SPLIT_ZIGZAG = 1      /* 2N chunks; rank q holds chunks q and 2N-1-q (balances causal work) */
+} dsv4_split;
+
+typedef struct {
+  dsv4_split split;
+  int overlap;               /* 1: overlap the Stage-1 all-gather with window attention */
+} dsv4_cp_config;
+
+/* Message kinds for accounting (forward and backward). */
+typedef enum {
+  DSV4_MSG_WINDOW_HALO = 0,
+  DSV4_MSG_COMPRESSOR_HALO,
+  DSV4_MSG_SLOT_ALLGATHER,
+  DSV4_MSG_LOSS_REDUCE,
+  DSV4_MSG_META_CHECK,
+  DSV4_MSG_WINDOW_HALO_BWD,
+  DSV4_MSG_COMPRESSOR_HALO_BWD,
+  DSV4_MSG_SLOT_REDUCE_SCATTER,
+  DSV4_MSG_GRAD_ALLREDUCE,
+  DSV4_MSG_KINDS
+} dsv4_msg_kind;
+
+typedef struct {
+  uint64_t bytes_sent[DSV4_MSG_KINDS];
+  uint64_t bytes_recv[DSV4_MSG_KINDS];
+  uint64_t messages[DSV4_MSG_KINDS];
+  double seconds[DSV4_MSG_KINDS];   /* wall time spent waiting for each kind */
+  double hidden_seconds;            /* Stage-1 all-gather time overlapped with computation */
+  double overlap_window_seconds;    /* time of the computation it overlapped with */
+} dsv4_cp_stats;
+
+const char *dsv4_msg_kind_name(dsv4_msg_kind k);
+
+/* The global rows rank `rank` of `size` holds (SPEC 5): for the contiguous split the slice
+ * [rank L, (rank+1) L) of the stream, L = T / size (for batched input the same slice of every
+ * sequence); for zigzag, chunks rank and 2 size - 1 - rank of 2 size (of every sequence).
+ * rows: [n] out, may be NULL to query n. Fails (the same way on every rank) when T, or the
+ * sequence length, does not divide. */
+dsv4_status dsv4_cp_shard_rows(const dsv4_packing *pk, const dsv4_cp_config *cfg, int rank, int size,
+                               int64_t *rows, int64_t *n);
+
+/* Swaps the core's forward/backward for the two-stage CP versions over comm. The core keeps its
+ * weights; the comm must outlive the core. After this, dsv4_core_forward (and the layer) take
+ * LOCAL shards and return the local shard of the CP = 1 result. */
+dsv4_status dsv4_cp_patch(dsv4_core *core, dsv4_comm *comm, const dsv4_cp_config *cfg);
+/* Sums per-rank partial weight gradients over the CP group (every rank gets the total). */
+dsv4_status dsv4_cp_allreduce_grads(dsv4_comm *comm, dsv4_weights *grads);
+/* Communication counters of a patched core (zeroed by dsv4_cp_stats_reset). */
+dsv4_status dsv4_cp_get_stats(const dsv4_core *core, dsv4_cp_stats *st);
+void dsv4_cp_stats_reset(dsv4_core *core);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,68 @@
+/* shard.c: the split of the token stream over ranks.
+ * Units: the whole stream, or (batched input) each sequence. Each unit is cut into `size` equal
+ * slices (contiguous) or 2 size equal chunks of which rank q takes q and 2 size - 1 - q (zigzag:
+ * early chunks see few compressed slots, late ones many, so each rank gets one of each).
+ * Worked example, T = 16, size = 2, zigzag: chunks of 4; rank 0 holds [0,4) and [12,16), rank 1
+ * holds [4,8) and [8,12). Contiguous: rank 0 [0,8), rank 1 [8,16). */
+#include "shard.h"
+
+#include "util/err.h"
+
+dsv4_status dsv4_shard_segments(const dsv4_packing *pk, dsv4_split split, int rank, int size, int ratio,
+                                dsv4_range **segs, int *n_seg) {
+  dsv4_status rc = DSV4_OK;
+  *segs = NULL;
+  *n_seg = 0;
+  DSV4_CHECK(pk && size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "shard: bad rank %d of %d", rank, size);
+  DSV4_CHECK(split == DSV4_SPLIT_CONTIGUOUS || split == DSV4_SPLIT_ZIGZAG, DSV4_ERR_ARG,
+             "shard: unknown split %d", (int)split);
+  int64_t units = 1, U = pk->T;
+  if (pk->batched && pk->cu_seqlens && pk->n_docs > 1) {
+    units = pk->n_docs;
+    U = pk->cu_seqlens[1];
+    for (int i = 0; i < pk->n_docs; i++)
+      DSV4_CHECK(pk->cu_seqlens[i + 1] - pk->cu_seqlens[i] == U, DSV4_ERR_ARG,
+                 "batched input: sequence %d has length %d, expected %lld", i,
+                 pk->cu_seqlens[i + 1] - pk->cu_seqlens[i], (long long)U);
+  }
+  const int pieces = split == DSV4_SPLIT_ZIGZAG ? 2 * size : size;
+  const char *what = units > 1 ? "sequence length" : "T";
+  DSV4_CHECK(U % pieces == 0, DSV4_ERR_ARG, "%s = %lld is not divisible by %s%d (CP ranks%s)", what,
+             (long long)U, split == DSV4_SPLIT_ZIGZAG ? "2 x " : "", size,
+             split == DSV4_SPLIT_ZIGZAG ? ", zigzag split" : "");
+  const int64_t L = U / pieces;
+  DSV4_CHECK(ratio <= 0 || L % ratio == 0, DSV4_ERR_ARG,
+             "local length %lld per %s is not a multiple of the layer's compress ratio %d", (long long)L,
+             split == DSV4_SPLIT_ZIGZAG ? "chunk" : "rank", ratio);
+  const int per_unit = split == DSV4_SPLIT_ZIGZAG ? 2 : 1;
+  DSV4_ALLOC(*segs, units * per_unit);
+  for (int64_t u = 0; u < units; u++) {
+    const int64_t base = u * U;
+    if (split == DSV4_SPLIT_CONTIGUOUS) {
+      (*segs)[u] = (dsv4_range){base + rank * L, L};
+    } else {
+      (*segs)[2 * u] = (dsv4_range){base + rank * L, L};
+      (*segs)[2 * u + 1] = (dsv4_range){base + (2 * (int64_t)size - 1 - rank) * L, L};
+    }
+  }
+  *n_seg = (int)(units * per_unit);
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_cp_shard_rows(const dsv4_packing *pk, const dsv4_cp_config *cfg, int rank, int size,
+                               int64_t *rows, int64_t *n) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_range *segs = NULL;
+  int ns = 0;
+  DSV4_CHECK(n, DSV4_ERR_ARG, "shard rows: NULL n");
+  DSV4_TRY(dsv4_shard_segments(pk, cfg ? cfg->split : DSV4_SPLIT_CONTIGUOUS, rank, size, 0, &segs, &ns));
+  int64_t k = 0;
+  for (int s = 0; s < ns; s++)
+    for (int64_t i = 0; i < segs[s].len; i++, k++)
+      if (rows) rows[k] = segs[s].g0 + i;
+  *n = k;
+fail:
+  free(segs);
+  return rc;
+}

@@ -1,0 +1,538 @@
+/* safetensors.c: reader and writer of the safetensors format (see safetensors.h).
+ *
+ * Reader: dsv4_st_open reads the 8-byte header length and the JSON header (parsed with cJSON),
+ * validates every entry against the file size, then keeps the file descriptor; tensors are read
+ * with pread at 64-bit offsets (so concurrent reads of one file do not share a seek position).
+ * Writer: builds the header with cJSON (keys in insertion order, integers written verbatim),
+ * pads it with spaces so that the data area starts at a multiple of 8 bytes, and writes header
+ * and data to a temporary file next to the target that is renamed over it only on success.
+ */
+#define _FILE_OFFSET_BITS 64
+#include "io/safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util/err.h"
+
+/* safetensors data is little-endian; tensors are read and written with memcpy, no byte swapping. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors.c assumes a little-endian host");
+_Static_assert(sizeof(off_t) == 8, "safetensors.c needs 64-bit file offsets");
+
+#define MAX_HEADER_BYTES 100000000u   /* same limit as the official implementation */
+#define CHUNK_BYTES (1u << 20)        /* staging buffer for dtype conversions */
+#define MAX_EXACT_INT 9007199254740992.0 /* 2^53: larger JSON numbers are not exact in a double */
+
+static const struct { const char *name; int size; } dtypes[] = {
+    [DSV4_DT_F32] = {"F32", 4}, [DSV4_DT_BF16] = {"BF16", 2}, [DSV4_DT_F16] = {"F16", 2},
+    [DSV4_DT_I32] = {"I32", 4}, [DSV4_DT_F64] = {"F64", 8},   [DSV4_DT_I64] = {"I64", 8}};
+#define N_DTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
+/* Valid safetensors dtypes this library does not handle: a file holding them is refused. */
+static const char *const other_dtypes[] = {"BOOL", "U8", "I8", "U16", "I16", "U32", "U64",
+                                           "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2",
+                                           "F4", "C64"};
+
+struct dsv4_st_file {
+  char *path;
+  int fd;
+  uint64_t data_start;      /* 8 + header length: file offset of the data area */
+  int n;
+  dsv4_st_info *info;       /* [n] tensors in header order */
+  const dsv4_st_info **by_name; /* [n] sorted by name, for dsv4_st_find */
+};
+
+typedef struct {
+  dsv4_st_info t;           /* begin/end are the offsets the tensor gets in the file */
+  const void *data;         /* borrowed */
+} writer_entry;
+
+struct dsv4_st_writer {
+  int n, cap;
+  writer_entry *e;
+};
+
+/* ----------------------------------------------------------------------------------------- */
+/* dtypes and fp conversions                                                                  */
+
+/* Name and element size of a dtype ("?" / 0 when out of range). */
+static int dtype_ok(dsv4_dtype dt) { return (int)dt >= 0 && (int)dt < N_DTYPES; }
+const char *dsv4_dtype_name(dsv4_dtype dt) { return dtype_ok(dt) ? dtypes[dt].name : "?"; }
+int dsv4_dtype_size(dsv4_dtype dt) { return dtype_ok(dt) ? dtypes[dt].size : 0; }
+
+static float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t bits_from_f32(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* bf16 is the top half of an fp32: exact. */
+float dsv4_bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+
+/* Exact: subnormals are normalized, inf and nan (with payload) kept. */
+float dsv4_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
+  else if (exp != 0) bits = sign | ((exp + 112) << 23) | (man << 13);
+  else if (man == 0) bits = sign;
+  else {
+    exp = 113; /* value = man * 2^-24 = (man / 1024) * 2^-14 */
+    while (!(man & 0x400)) { man <<= 1; exp--; }
+    bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+  }
+  return f32_from_bits(bits);
+}
+
+/* Round to nearest even; NaN stays a (quiet) NaN of the same sign; overflow gives inf. */
+uint16_t dsv4_f32_to_bf16(float f) {
+  uint32_t u = bits_from_f32(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+/* Round to nearest even, including into the subnormal range; NaN kept; >= 65520 gives inf. */
+uint16_t dsv4_f32_to_f16(float f) {
+  uint32_t u = bits_from_f32(f), ax = u & 0x7fffffffu, q, rem, half;
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+  if (ax > 0x7f800000u) return sign | 0x7e00 | (uint16_t)((ax >> 13) & 0x3ff);
+  if (ax >= 0x477ff000u) return sign | 0x7c00; /* 65520 = 65504 + half an ulp, ties to inf */
+  if (ax >= 0x38800000u) {                      /* normal: rebias the exponent, round 13 bits */
+    uint32_t r = ax - (112u << 23);
+    q = r >> 13, rem = r & 0x1fff, half = 0x1000;
+  } else {                                      /* subnormal result: units of 2^-24 */
+    uint32_t shift = 126 - (ax >> 23), man = (ax & 0x7fffff) | 0x800000;
+    if (shift > 24) return sign;                /* below 2^-25: rounds to zero */
+    q = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+  }
+  if (rem > half || (rem == half && (q & 1))) q++;
+  return sign | (uint16_t)q;
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* reader                                                                                     */
+
+/* Reads n bytes at file offset off; what names the part being read in error messages. */
+static dsv4_status read_at(const dsv4_st_file *f, void *buf, size_t n, uint64_t off, const char *what) {
+  dsv4_status rc = DSV4_OK;
+  char *p = buf;
+  while (n > 0) {
+    ssize_t r = pread(f->fd, p, n, (off_t)off);
+    if (r < 0 && errno == EINTR) continue;
+    DSV4_CHECK(r >= 0, DSV4_ERR_IO, "%s: %s: read failed at byte %" PRIu64 ": %s", f->path, what,
+               off, strerror(errno));
+    DSV4_CHECK(r > 0, DSV4_ERR_FORMAT, "%s: %s: unexpected end of file at byte %" PRIu64
+               " (file truncated or changed since it was opened)", f->path, what, off);
+    p += r, n -= (size_t)r, off += (uint64_t)r;
+  }
+fail:
+  return rc;
+}
+
+/* 1 if j is a JSON number holding a non-negative integer exactly (<= 2^53). */
+static int json_uint(const cJSON *j, uint64_t *v) {
+  if (!cJSON_IsNumber(j) || !(j->valuedouble >= 0 && j->valuedouble <= MAX_EXACT_INT)) return 0;
+  *v = (uint64_t)j->valuedouble;
+  return (double)*v == j->valuedouble;
+}
+
+/* Formats a shape as "[4, 8]". */
+static const char *shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
+  size_t k = (size_t)snprintf(buf, cap, "[");
+  for (int d = 0; d < ndim && k < cap; d++)
+    k += (size_t)snprintf(buf + k, cap - k, "%s%" PRId64, d ? ", " : "", shape[d]);
+  if (k < cap) snprintf(buf + k, cap - k, "]");
+  return buf;
+}
+
+/* Fills t from one header entry e and checks it against the data area size. */
+static dsv4_status parse_entry(const char *path, const cJSON *e, dsv4_st_info *t, uint64_t data_size) {
+  dsv4_status rc = DSV4_OK;
+  const char *nm = e->string;
+  char sbuf[256];
+  DSV4_CHECK(cJSON_IsObject(e), DSV4_ERR_FORMAT, "%s: tensor '%s': entry is not a JSON object", path, nm);
+  const cJSON *jd = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+  const cJSON *js = cJSON_GetObjectItemCaseSensitive(e, "shape");
+  const cJSON *jo = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+  DSV4_CHECK(cJSON_IsString(jd), DSV4_ERR_FORMAT, "%s: tensor '%s': missing or non-string \"dtype\"",
+             path, nm);
+  int dt = -1;
+  for (int i = 0; i < N_DTYPES; i++)
+    if (!strcmp(jd->valuestring, dtypes[i].name)) dt = i;
+  for (size_t i = 0; dt < 0 && i < sizeof other_dtypes / sizeof *other_dtypes; i++)
+    DSV4_CHECK(strcmp(jd->valuestring, other_dtypes[i]), DSV4_ERR_UNSUPPORTED,
+               "%s: tensor '%s': dtype %s is not supported (F32, BF16, F16, F64, I32, I64 are)",
+               path, nm, jd->valuestring);
+  DSV4_CHECK(dt >= 0, DSV4_ERR_FORMAT, "%s: tensor '%s': unknown dtype \"%.40s\"", path, nm, jd->valuestring);
+  t->dtype = (dsv4_dtype)dt;
+
+  DSV4_CHECK(cJSON_IsArray(js), DSV4_ERR_FORMAT, "%s: tensor '%s': missing or non-array \"shape\"", path, nm);
+  t->ndim = cJSON_GetArraySize(js);
+  DSV4_CHECK(t->ndim <= DSV4_ST_MAX_DIMS, DSV4_ERR_FORMAT, "%s: tensor '%s': shape has %d dims (at most %d)",
+             path, nm, t->ndim, DSV4_ST_MAX_DIMS);
+  t->numel = 1;
+  for (int d = 0; d < t->ndim; d++) {
+    uint64_t v;
+    DSV4_CHECK(json_uint(cJSON_GetArrayItem(js, d), &v), DSV4_ERR_FORMAT,
+               "%s: tensor '%s': shape[%d] is not a non-negative integer", path, nm, d);
+    t->shape[d] = (int64_t)v;
+    DSV4_CHECK(!__builtin_mul_overflow(t->numel, t->shape[d], &t->numel), DSV4_ERR_FORMAT,
+               "%s: tensor '%s': shape %s has too many elements", path, nm,
+               shape_str(sbuf, sizeof sbuf, t->shape, d + 1));
+  }
+  shape_str(sbuf, sizeof sbuf, t->shape, t->ndim);
+  int64_t nbytes;
+  DSV4_CHECK(!__builtin_mul_overflow(t->numel, (int64_t)dtypes[dt].size, &nbytes), DSV4_ERR_FORMAT,
+             "%s: tensor '%s': shape %s is too large", path, nm, sbuf);
+
+  DSV4_CHECK(cJSON_IsArray(jo) && cJSON_GetArraySize(jo) == 2 && json_uint(jo->child, &t->begin) &&
+             json_uint(jo->child->next, &t->end), DSV4_ERR_FORMAT,
+             "%s: tensor '%s': missing \"data_offsets\" or not two non-negative integers", path, nm);
+  DSV4_CHECK(t->begin <= t->end, DSV4_ERR_FORMAT, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+             "] begin after end", path, nm, t->begin, t->end);
+  DSV4_CHECK(t->end <= data_size, DSV4_ERR_FORMAT, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+             "] past the end of the data area (%" PRIu64 " bytes; file truncated?)", path, nm, t->begin,
+             t->end, data_size);
+  DSV4_CHECK(t->end - t->begin == (uint64_t)nbytes, DSV4_ERR_FORMAT, "%s: tensor '%s': data_offsets [%"
+             PRIu64 ", %" PRIu64 "] do not match dtype %s and shape %s (%" PRId64 " bytes)",
+             path, nm, t->begin, t->end, dtypes[dt].name, sbuf, nbytes);
+fail:
+  return rc;
+}
+
+/* Orders tensor pointers by name (for dsv4_st_find and the duplicate check). */
+static int cmp_name(const void *a, const void *b) {
+  return strcmp((*(const dsv4_st_info *const *)a)->name, (*(const dsv4_st_info *const *)b)->name);
+}
+
+/* Orders by begin, then end (for the overlap check). */
+static int cmp_offset(const void *a, const void *b) {
+  const dsv4_st_info *x = *(const dsv4_st_info *const *)a, *y = *(const dsv4_st_info *const *)b;
+  if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+  return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* Reads and validates the header length, the JSON and every entry; then checks names and overlaps. */
+dsv4_status dsv4_st_open(dsv4_st_file **out, const char *path) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_st_file *f = NULL;
+  char *hdr = NULL;
+  cJSON *root = NULL;
+  const dsv4_st_info **by_off = NULL;
+  DSV4_CHECK(out && path, DSV4_ERR_ARG, "dsv4_st_open: out and path must not be NULL");
+  *out = NULL;
+  DSV4_ALLOC(f, 1);
+  f->fd = -1;
+  f->path = strdup(path);
+  DSV4_CHECK(f->path, DSV4_ERR_NOMEM, "%s: out of memory", path);
+  f->fd = open(path, O_RDONLY | O_CLOEXEC);
+  DSV4_CHECK(f->fd >= 0, DSV4_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  DSV4_CHECK(fstat(f->fd, &st) == 0, DSV4_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+  DSV4_CHECK(S_ISREG(st.st_mode), DSV4_ERR_IO, "%s: not a regular file", path);
+  uint64_t fsize = (uint64_t)st.st_size, hlen = 0;
+  DSV4_CHECK(fsize >= 8, DSV4_ERR_FORMAT, "%s: file is %" PRIu64 " bytes, too short for a safetensors "
+             "header", path, fsize);
+  unsigned char len8[8];
+  DSV4_TRY(read_at(f, len8, 8, 0, "header length"));
+  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];
+  DSV4_CHECK(hlen <= MAX_HEADER_BYTES, DSV4_ERR_FORMAT, "%s: header length %" PRIu64 " exceeds the "
+             "%u-byte limit (not a safetensors file?)", path, hlen, MAX_HEADER_BYTES);
+  DSV4_CHECK(hlen <= fsize - 8, DSV4_ERR_FORMAT, "%s: header length %" PRIu64 " exceeds the file size (%"
+             PRIu64 " bytes)", path, hlen, fsize);
+  f->data_start = 8 + hlen;
+  DSV4_ALLOC(hdr, hlen + 1);
+  DSV4_TRY(read_at(f, hdr, hlen, 8, "header"));
+  const char *end = NULL;
+  root = cJSON_ParseWithLengthOpts(hdr, hlen, &end, 0);
+  DSV4_CHECK(root, DSV4_ERR_FORMAT, "%s: header is not valid JSON (error near byte %td of %" PRIu64 ")",
+             path, end ? end - hdr : 0, hlen);
+  for (; end < hdr + hlen; end++)
+    DSV4_CHECK(*end && strchr(" \t\r\n", *end), DSV4_ERR_FORMAT,
+               "%s: unexpected bytes after the JSON header at byte %td", path, end - hdr);
+  DSV4_CHECK(cJSON_IsObject(root), DSV4_ERR_FORMAT, "%s: header JSON is not an object", path);
+
+  const cJSON *e;
+  cJSON_ArrayForEach(e, root) {
+    if (strcmp(e->string, "__metadata__")) f->n++;
+    else DSV4_CHECK(cJSON_IsObject(e) || cJSON_IsNull(e), DSV4_ERR_FORMAT,
+                    "%s: __metadata__ is not a JSON object", path);
+  }
+  DSV4_ALLOC(f->info, f->n);
+  DSV4_ALLOC(f->by_name, f->n);
+  DSV4_ALLOC(by_off, f->n);
+  int i = 0;
+  cJSON_ArrayForEach(e, root) {
+    if (!strcmp(e->string, "__metadata__")) continue;
+    dsv4_st_info *t = &f->info[i];
+    DSV4_TRY(parse_entry(path, e, t, fsize - f->data_start));
+    t->name = strdup(e->string);
+    DSV4_CHECK(t->name, DSV4_ERR_NOMEM, "%s: out of memory", path);
+    f->by_name[i] = by_off[i] = t;
+    i++;
+  }
+  qsort(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_name);
+  for (i = 1; i < f->n; i++)
+    DSV4_CHECK(strcmp(f->by_name[i - 1]->name, f->by_name[i]->name), DSV4_ERR_FORMAT,
+               "%s: tensor '%s' appears twice in the header", path, f->by_name[i]->name);
+  qsort(by_off, (size_t)f->n, sizeof *by_off, cmp_offset);
+  const dsv4_st_info *prev = NULL; /* last non-empty tensor: empty ones cannot overlap anything */
+  for (i = 0; i < f->n; i++) {
+    const dsv4_st_info *t = by_off[i];
+    if (t->begin == t->end) continue;
+    DSV4_CHECK(!prev || t->begin >= prev->end, DSV4_ERR_FORMAT, "%s: tensors '%s' [%" PRIu64 ", %" PRIu64
+               "] and '%s' [%" PRIu64 ", %" PRIu64 "] overlap", path, prev->name, prev->begin,
+               prev->end, t->name, t->begin, t->end);
+    prev = t;
+  }
+  *out = f;
+fail:
+  cJSON_Delete(root);
+  free(hdr);
+  free(by_off);
+  if (rc != DSV4_OK) dsv4_st_close(f);
+  return rc;
+}
+
+/* Closes the descriptor and frees everything (NULL is fine). */
+void dsv4_st_close(dsv4_st_file *f) {
+  if (!f) return;
+  if (f->fd >= 0) close(f->fd);
+  for (int i = 0; f->info && i < f->n; i++) free(f->info[i].name);
+  free(f->info);
+  free(f->by_name);
+  free(f->path);
+  free(f);
+}
+
+/* Accessors: tensors in header order; NULL / 0 on bad arguments. */
+int dsv4_st_count(const dsv4_st_file *f) { return f ? f->n : 0; }
+const dsv4_st_info *dsv4_st_at(const dsv4_st_file *f, int i) {
+  return f && i >= 0 && i < f->n ? &f->info[i] : NULL;
+}
+const char *dsv4_st_path(const dsv4_st_file *f) { return f ? f->path : NULL; }
+
+/* Binary search in the name index; NULL when absent. */
+const dsv4_st_info *dsv4_st_find(const dsv4_st_file *f, const char *name) {
+  if (!f || !name) return NULL;
+  dsv4_st_info key = {.name = (char *)name};
+  const dsv4_st_info *kp = &key, **hit = bsearch(&kp, f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_name);
+  return hit ? *hit : NULL;
+}
+
+/* Reads t into dst as fp32 (as_int 0) or int32 (as_int 1), converting in chunks where needed. */
+static dsv4_status read_tensor(dsv4_st_file *f, const dsv4_st_info *t, void *dst, int as_int) {
+  dsv4_status rc = DSV4_OK;
+  unsigned char *buf = NULL;
+  char what[300];
+  DSV4_CHECK(f && t, DSV4_ERR_ARG, "safetensors read: file and tensor must not be NULL");
+  DSV4_CHECK((uintptr_t)t >= (uintptr_t)f->info && (uintptr_t)t < (uintptr_t)(f->info + f->n),
+             DSV4_ERR_ARG, "%s: tensor info does not belong to this file", f->path);
+  DSV4_CHECK(dst || t->numel == 0, DSV4_ERR_ARG, "%s: tensor '%s': dst is NULL", f->path, t->name);
+  int is_int = t->dtype == DSV4_DT_I32 || t->dtype == DSV4_DT_I64, es = dtypes[t->dtype].size;
+  DSV4_CHECK(is_int == as_int, DSV4_ERR_TENSOR, "%s: tensor '%s' has dtype %s, expected %s", f->path,
+             t->name, dtypes[t->dtype].name, as_int ? "I32 or I64" : "a float dtype (F32, BF16, F16, F64)");
+  snprintf(what, sizeof what, "tensor '%s'", t->name);
+  if (es == 4) return read_at(f, dst, t->end - t->begin, f->data_start + t->begin, what);
+  int64_t per = CHUNK_BYTES / (unsigned)es;
+  DSV4_ALLOC(buf, CHUNK_BYTES);
+  for (int64_t i0 = 0; i0 < t->numel; i0 += per) {
+    int64_t n = t->numel - i0 < per ? t->numel - i0 : per;
+    DSV4_TRY(read_at(f, buf, (size_t)(n * es), f->data_start + t->begin + (uint64_t)(i0 * es), what));
+    float *of = (float *)dst + i0;
+    int32_t *oi = (int32_t *)dst + i0;
+    for (int64_t i = 0; i < n; i++) {
+      uint16_t h;
+      double d;
+      int64_t v;
+      switch (t->dtype) {
+        case DSV4_DT_BF16: memcpy(&h, buf + 2 * i, 2), of[i] = dsv4_bf16_to_f32(h); break;
+        case DSV4_DT_F16: memcpy(&h, buf + 2 * i, 2), of[i] = dsv4_f16_to_f32(h); break;
+        case DSV4_DT_F64: memcpy(&d, buf + 8 * i, 8), of[i] = (float)d; break; /* nearest; inf if too big */
+        default: /* I64 */
+          memcpy(&v, buf + 8 * i, 8);
+          DSV4_CHECK(v >= INT32_MIN && v <= INT32_MAX, DSV4_ERR_TENSOR, "%s: tensor '%s': I64 element %"
+                     PRId64 " = %" PRId64 " does not fit in int32", f->path, t->name, i0 + i, v);
+          oi[i] = (int32_t)v;
+      }
+    }
+  }
+fail:
+  free(buf);
+  return rc;
+}
+
+/* F32 / BF16 / F16 / F64 -> fp32. */
+dsv4_status dsv4_st_read_f32(dsv4_st_file *f, const dsv4_st_info *t, float *dst) {
+  return read_tensor(f, t, dst, 0);
+}
+
+/* I32, or I64 whose values all fit. */
+dsv4_status dsv4_st_read_i32(dsv4_st_file *f, const dsv4_st_info *t, int32_t *dst) {
+  return read_tensor(f, t, dst, 1);
+}
+
+/* ----------------------------------------------------------------------------------------- */
+/* writer                                                                                     */
+
+/* An empty writer. */
+dsv4_status dsv4_st_writer_create(dsv4_st_writer **out) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_st_writer *w = NULL;
+  DSV4_CHECK(out, DSV4_ERR_ARG, "dsv4_st_writer_create: out must not be NULL");
+  DSV4_ALLOC(w, 1);
+  *out = w;
+fail:
+  return rc;
+}
+
+/* Frees the writer and its name copies (the data is borrowed). */
+void dsv4_st_writer_free(dsv4_st_writer *w) {
+  if (!w) return;
+  for (int i = 0; i < w->n; i++) free(w->e[i].t.name);
+  free(w->e);
+  free(w);
+}
+
+/* Validates and records one tensor; its offsets follow the previous tensor's. */
+dsv4_status dsv4_st_writer_add(dsv4_st_writer *w, const char *name, dsv4_dtype dtype, int ndim,
+                               const int64_t *shape, const void *data) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_CHECK(w && name && *name && strcmp(name, "__metadata__"), DSV4_ERR_ARG,
+             "dsv4_st_writer_add: writer and a non-empty name other than '__metadata__' are required");
+  DSV4_CHECK(dtype == DSV4_DT_F32 || dtype == DSV4_DT_I32 || dtype == DSV4_DT_BF16 || dtype == DSV4_DT_F16,
+             DSV4_ERR_ARG, "dsv4_st_writer_add: tensor '%s': dtype %s cannot be written (F32, I32, BF16, "
+             "F16 can)", name, dsv4_dtype_name(dtype));
+  DSV4_CHECK(ndim >= 0 && ndim <= DSV4_ST_MAX_DIMS && (shape || ndim == 0), DSV4_ERR_ARG,
+             "dsv4_st_writer_add: tensor '%s': ndim %d not in [0, %d] or shape NULL", name, ndim,
+             DSV4_ST_MAX_DIMS);
+  int64_t numel = 1, nbytes;
+  for (int d = 0; d < ndim; d++)
+    DSV4_CHECK(shape[d] >= 0 && !__builtin_mul_overflow(numel, shape[d], &numel), DSV4_ERR_ARG,
+               "dsv4_st_writer_add: tensor '%s': shape[%d] = %" PRId64 " is negative or too large",
+               name, d, shape[d]);
+  DSV4_CHECK(!__builtin_mul_overflow(numel, (int64_t)dtypes[dtype].size, &nbytes), DSV4_ERR_ARG,
+             "dsv4_st_writer_add: tensor '%s': too large", name);
+  DSV4_CHECK(data || numel == 0, DSV4_ERR_ARG, "dsv4_st_writer_add: tensor '%s': data is NULL", name);
+  for (int i = 0; i < w->n; i++)
+    DSV4_CHECK(strcmp(w->e[i].t.name, name), DSV4_ERR_ARG, "dsv4_st_writer_add: tensor '%s' added twice",
+               name);
+  if (w->n == w->cap) {
+    int cap = w->cap ? 2 * w->cap : 16;
+    writer_entry *e = realloc(w->e, (size_t)cap * sizeof *e);
+    DSV4_CHECK(e, DSV4_ERR_NOMEM, "dsv4_st_writer_add: out of memory");
+    w->e = e, w->cap = cap;
+  }
+  writer_entry *e = &w->e[w->n];
+  memset(e, 0, sizeof *e);
+  e->t.name = strdup(name);
+  DSV4_CHECK(e->t.name, DSV4_ERR_NOMEM, "dsv4_st_writer_add: out of memory");
+  e->t.dtype = dtype, e->t.ndim = ndim, e->t.numel = numel, e->data = data;
+  if (ndim) memcpy(e->t.shape, shape, (size_t)ndim * sizeof *shape);
+  e->t.begin = w->n ? w->e[w->n - 1].t.end : 0;
+  e->t.end = e->t.begin + (uint64_t)nbytes;
+  w->n++;
+fail:
+  return rc;
+}
+
+/* Appends v to a JSON array as a verbatim integer (cJSON would print large doubles as 1e+15). */
+static int add_uint(cJSON *arr, uint64_t v) {
+  char s[24];
+  snprintf(s, sizeof s, "%" PRIu64, v);
+  cJSON *r = cJSON_CreateRaw(s);
+  if (r && cJSON_AddItemToArray(arr, r)) return 1;
+  cJSON_Delete(r);
+  return 0;
+}
+
+/* The header: 8-byte length, JSON in insertion order, spaces up to a multiple of 8 (NULL if no memory). */
+static unsigned char *build_header(const dsv4_st_writer *w, size_t *len) {
+  cJSON *root = cJSON_CreateObject(), *meta = root ? cJSON_AddObjectToObject(root, "__metadata__") : NULL;
+  int ok = meta && cJSON_AddStringToObject(meta, "format", "pt");
+  for (int i = 0; ok && i < w->n; i++) {
+    const dsv4_st_info *t = &w->e[i].t;
+    cJSON *o = cJSON_AddObjectToObject(root, t->name), *s = NULL, *d = NULL;
+    ok = o && cJSON_AddStringToObject(o, "dtype", dtypes[t->dtype].name) &&
+         (s = cJSON_AddArrayToObject(o, "shape")) && (d = cJSON_AddArrayToObject(o, "data_offsets"));
+    for (int k = 0; ok && k < t->ndim; k++) ok = add_uint(s, (uint64_t)t->shape[k]);
+    ok = ok && add_uint(d, t->begin) && add_uint(d, t->end);
+  }
+  char *json = ok ? cJSON_PrintUnformatted(root) : NULL;
+  size_t jl = json ? strlen(json) : 0, hl = (jl + 7) / 8 * 8;
+  unsigned char *buf = json ? malloc(8 + hl) : NULL;
+  if (buf) {
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    memcpy(buf + 8, json, jl);
+    memset(buf + 8 + jl, ' ', hl - jl);
+    *len = 8 + hl;
+  }
+  free(json);
+  cJSON_Delete(root);
+  return buf;
+}
+
+/* Writes all n bytes; path is the target named in messages. */
+static dsv4_status write_all(int fd, const void *p, size_t n, const char *path) {
+  dsv4_status rc = DSV4_OK;
+  const char *c = p;
+  while (n > 0) {
+    ssize_t r = write(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    DSV4_CHECK(r > 0, DSV4_ERR_IO, "%s: write failed: %s", path, r < 0 ? strerror(errno) : "short write");
+    c += r, n -= (size_t)r;
+  }
+fail:
+  return rc;
+}
+
+/* Writes to "<path>.tmp<pid>.<k>" (mode 0666 & ~umask), fsyncs, then renames it over path. */
+dsv4_status dsv4_st_writer_save(dsv4_st_writer *w, const char *path) {
+  static atomic_uint counter;
+  dsv4_status rc = DSV4_OK;
+  unsigned char *hdr = NULL;
+  uint16_t *buf = NULL;
+  char *tmp = NULL;
+  int fd = -1, created = 0;
+  size_t hlen = 0, tl = path ? strlen(path) + 48 : 0;
+  DSV4_CHECK(w && path && *path, DSV4_ERR_ARG, "dsv4_st_writer_save: writer and path are required");
+  hdr = build_header(w, &hlen);
+  DSV4_CHECK(hdr, DSV4_ERR_NOMEM, "%s: out of memory building the header", path);
+  DSV4_ALLOC(buf, CHUNK_BYTES / 2);
+  DSV4_ALLOC(tmp, tl);
+  snprintf(tmp, tl, "%s.tmp%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
+  fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  DSV4_CHECK(fd >= 0, DSV4_ERR_IO, "%s: cannot create temporary file '%s': %s", path, tmp, strerror(errno));
+  created = 1;
+  DSV4_TRY(write_all(fd, hdr, hlen, path));
+  for (int i = 0; i < w->n; i++) {
+    const dsv4_st_info *t = &w->e[i].t;
+    if (t->dtype == DSV4_DT_F32 || t->dtype == DSV4_DT_I32) {
+      DSV4_TRY(write_all(fd, w->e[i].data, t->end - t->begin, path));
+      continue;
+    }
+    const float *src = w->e[i].data;
+    for (int64_t i0 = 0, per = CHUNK_BYTES / 2; i0 < t->numel; i0 += per) {
+      int64_t n = t->numel - i0 < per ? t->numel - i0 : per;
+      for (int64_t k = 0; k < n; k++)
+        buf[k] = t->dtype == DSV4_DT_BF16 ? dsv4_f32_to_bf16(src[i0 + k]) : dsv4_f32_to_f16(src[i0 + k]);
+      DSV4_TRY(write_all(fd, buf, (size_t)n * 2, path));
+    }
+  }
+  DSV4_CHECK(fsync(fd) == 0, DSV4_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
+  int cr = close(fd);
+  fd = -1;
+  DSV4_CHECK(cr == 0, DSV4_ERR_IO, "%s: close failed: %s", path, strerror(errno));
+  DSV4_CHECK(rename(tmp, path) == 0, DSV4_ERR_IO, "%s: cannot rename '%s' over it: %s", path, tmp,
+             strerror(errno));
+  created = 0;
+fail:
+  if (fd >= 0) close(fd);
+  if (created) unlink(tmp);
+  free(hdr);
+  free(buf);
+  free(tmp);
+  return rc;
+}

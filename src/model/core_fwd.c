@@ -1,0 +1,292 @@
+/* core_fwd.c: the core attention forward, two stages over an exchange (see core_internal.h).
+ *   Stage 1: compressor projections of the local rows (+ halo rows from the left neighbour for
+ *            r == 4), pooling of the local valid blocks, all-gather, select by the gather index
+ *            -> the global compressed kv (and, for r == 4, the global indexer keys).
+ *   Stage 2: window halo, window attention (overlapping the all-gather), indexer top-k of the local
+ *            queries against the global keys, compressed attention, KL loss reduced over ranks. */
+#include <math.h>
+#include <string.h>
+
+#include "core_internal.h"
+#include "model/weights.h"
+#include "ops/sparse_attn.h"
+#include "util/err.h"
+#include "util/gemm.h"
+
+void dsv4_core_saved_free(dsv4_core_saved *sv) {
+  dsv4_docs_free(&sv->docs);
+  dsv4_layout_free(&sv->lay);
+  void *owned[] = {sv->kv_ext, sv->win_start, sv->win_len, sv->lse, sv->C, sv->Z, sv->slot_cur,
+                   sv->slot_prev, sv->slot_pos, sv->slot_blk, sv->cmp, sv->cmp_begin, sv->cmp_count,
+                   sv->CI, sv->ZI, sv->KI, sv->qI, sv->wI, sv->topk};
+  for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
+  memset(sv, 0, sizeof *sv);
+}
+
+/* Y rows of every segment = X rows . W^T, in the global panels of util/gemm.h. Y's rows for
+ * segment s start at y_row(s); X is [n, K] in local row order. */
+static dsv4_status proj_segments(const dsv4_core *c, const dsv4_layout *lay, float *Y, int64_t ldy,
+                                 int use_c_rows, const float *X, int64_t ldx, const float *W, int64_t N,
+                                 int64_t K) {
+  dsv4_status rc = DSV4_OK;
+  for (int s = 0; s < lay->n_seg; s++) {
+    const dsv4_seg *sg = &lay->seg[s];
+    const int64_t yr = use_c_rows ? sg->c_row + CMP_HALO_ROWS(lay->ratio) : sg->lo;
+    DSV4_TRY(dsv4_proj_rows(Y + yr * ldy, ldy, X + sg->lo * ldx, ldx, W, sg->len, N, K,
+                            c->tok.global + sg->lo, lay->panel, c->impl));
+  }
+fail:
+  return rc;
+}
+
+/* Window of every local row in kv_ext (SPEC 3 step 4, clamped to the document start). */
+static void window_ranges(const dsv4_core *c, const dsv4_layout *lay, int32_t *ws, int32_t *wl) {
+  const int W = c->cfg.window;
+  for (int s = 0; s < lay->n_seg; s++) {
+    const dsv4_seg *sg = &lay->seg[s];
+    for (int64_t i = 0; i < sg->len; i++) {
+      const int64_t row = sg->lo + i, ext = sg->kv_row + sg->win_halo + i;
+      const int64_t pos = c->tok.pos[row];
+      const int64_t len = c->tok.real[row] ? (pos < W - 1 ? pos : W - 1) + 1 : 0;
+      wl[row] = (int32_t)len;
+      ws[row] = (int32_t)(len ? ext - len + 1 : ext);
+    }
+  }
+}
+
+/* Local valid slots: slot of block b of segment s, its rows in C/Z_ext and its RoPE position. */
+static dsv4_status build_slots(dsv4_core *c) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_saved *sv = &c->sv;
+  const dsv4_layout *lay = &sv->lay;
+  const int r = c->ratio, hr = CMP_HALO_ROWS(r);
+  DSV4_ALLOC(sv->slot_cur, lay->n_blk + 1);
+  DSV4_ALLOC(sv->slot_prev, lay->n_blk + 1);
+  DSV4_ALLOC(sv->slot_pos, lay->n_blk + 1);
+  DSV4_ALLOC(sv->slot_blk, lay->n_blk + 1);
+  int64_t n = 0;
+  for (int s = 0; s < lay->n_seg; s++) {
+    const dsv4_seg *sg = &lay->seg[s];
+    for (int64_t b = 0; b < sg->len / r; b++) {
+      const int64_t row = sg->lo + b * r;
+      const int doc = c->tok.doc[row];
+      const int64_t j = c->tok.pos[row] / r;
+      if (j >= sv->docs.cu_cmp[doc + 1] - sv->docs.cu_cmp[doc]) continue; /* block in padding */
+      const int64_t cur = sg->c_row + hr + b * r;
+      int64_t prev = -1;
+      if (r == 4 && j > 0) {
+        DSV4_CHECK(b > 0 || sg->cmp_halo, DSV4_ERR_STATE,
+                   "internal: segment at token %lld needs a compressor halo it was not given",
+                   (long long)sg->g0);
+        prev = b > 0 ? cur - r : sg->c_row;
+      }
+      sv->slot_cur[n] = (int32_t)cur;
+      sv->slot_prev[n] = (int32_t)prev;
+      sv->slot_pos[n] = (int32_t)(j * r);
+      sv->slot_blk[n] = (int32_t)(sg->blk0 + b);
+      n++;
+    }
+  }
+  sv->n_slot = n;
+fail:
+  return rc;
+}
+
+/* Stage 1 for one compressor (which = 0 main, 1 indexer): projections, halo, pooling of the local
+ * valid blocks, then the all-gather is started; *all receives [n_blk_all, dim] when it completes. */
+static dsv4_status stage1_start(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x,
+                                int which, float **Cp, float **Zp, float **blocks, float **all) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_saved *sv = &c->sv;
+  const dsv4_layout *lay = &sv->lay;
+  const int r = c->ratio, dim = which ? c->cfg.index_head_dim : c->cfg.head_dim;
+  const int cD = (r == 4 ? 2 : 1) * dim;
+  const dsv4_weights *w = c->w;
+  DSV4_ALLOC(*Cp, lay->R_c * cD + 1);
+  DSV4_ALLOC(*Zp, lay->R_c * cD + 1);
+  DSV4_TRY(proj_segments(c, lay, *Cp, cD, 1, a->x, c->cfg.dim, dsv4_w(w, which ? W_I_WKV : W_C_WKV),
+                         cD, c->cfg.dim));
+  DSV4_TRY(proj_segments(c, lay, *Zp, cD, 1, a->x, c->cfg.dim, dsv4_w(w, which ? W_I_WGATE : W_C_WGATE),
+                         cD, c->cfg.dim));
+  DSV4_TRY(x->cmp_halo(x->st, lay, *Cp, *Zp, cD, which));
+  DSV4_ALLOC(*blocks, lay->n_blk * dim + 1);
+  DSV4_ALLOC(*all, lay->n_blk_all * dim + 1);
+  dsv4_compress_args ca = {
+      .out = *blocks, .out_row = sv->slot_blk, .C = *Cp, .Z = *Zp,
+      .ape = dsv4_w(w, which ? W_I_APE : W_C_APE), .norm_w = dsv4_w(w, which ? W_I_NORM : W_C_NORM),
+      .cur_row = sv->slot_cur, .prev_row = sv->slot_prev, .pos = sv->slot_pos, .rope = &c->rope,
+      .n_slots = sv->n_slot, .ratio = r, .D = dim, .eps = c->cfg.eps};
+  DSV4_TRY(dsv4_kernels_get(c->impl)->compress(&ca));
+  DSV4_TRY(x->gather_start(x->st, lay, *blocks, *all, dim, which));
+fail:
+  return rc;
+}
+
+/* Waits for the all-gather and selects the global compressed sequence: out[id] = all[gather[id]]. */
+static dsv4_status stage1_finish(dsv4_core *c, const dsv4_exchange *x, int which, const float *all,
+                                 float **out) {
+  dsv4_status rc = DSV4_OK;
+  const int dim = which ? c->cfg.index_head_dim : c->cfg.head_dim;
+  const int64_t n_cmp = c->sv.docs.n_cmp;
+  DSV4_TRY(x->gather_wait(x->st, which));
+  DSV4_ALLOC(*out, n_cmp * dim + 1);
+  for (int64_t id = 0; id < n_cmp; id++)
+    memcpy(*out + id * dim, all + (int64_t)c->sv.lay.gather[id] * dim, sizeof(float) * dim);
+fail:
+  return rc;
+}
+
+/* Indexer queries (RoPE at the document-local position) and head weights of the local rows. */
+static dsv4_status indexer_queries(dsv4_core *c, const dsv4_core_fwd_args *a) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_saved *sv = &c->sv;
+  const int Hi = c->cfg.index_n_heads, Di = c->cfg.index_head_dim;
+  const int64_t n = a->n;
+  DSV4_ALLOC(sv->qI, n * Hi * Di + 1);
+  DSV4_ALLOC(sv->wI, n * Hi + 1);
+  DSV4_TRY(proj_segments(c, &sv->lay, sv->qI, (int64_t)Hi * Di, 0, a->qr, c->cfg.q_lora_rank,
+                         dsv4_w(c->w, W_I_WQ_B), (int64_t)Hi * Di, c->cfg.q_lora_rank));
+  DSV4_TRY(proj_segments(c, &sv->lay, sv->wI, Hi, 0, a->x, c->cfg.dim, dsv4_w(c->w, W_I_PROJ), Hi,
+                         c->cfg.dim));
+  const float wscale = (float)(1.0 / sqrt((double)Di * Hi));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    for (int h = 0; h < Hi; h++) dsv4_rope_apply(&c->rope, sv->qI + (i * Hi + h) * Di, Di, c->tok.pos[i], 0);
+    for (int h = 0; h < Hi; h++) sv->wI[i * Hi + h] *= wscale;
+  }
+fail:
+  return rc;
+}
+
+/* KL loss over the local queries, summed exactly over ranks: coeff * sum / n_valid. */
+static dsv4_status kl_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x,
+                              float *loss) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_saved *sv = &c->sv;
+  double *rows = NULL, sum = 0;
+  int64_t n_valid = 0;
+  DSV4_ALLOC(rows, a->n + 1);
+  dsv4_kl_args ka = {.loss_sum = &sum, .n_valid = &n_valid, .loss_rows = rows, .q = a->q,
+                     .cmp_kv = sv->cmp, .topk_ids = sv->topk, .q_idx = sv->qI, .k_idx = sv->KI,
+                     .weights = sv->wI, .vis_begin = sv->cmp_begin, .vis_count = sv->cmp_count,
+                     .S1 = a->n, .C = sv->docs.n_cmp, .H = c->cfg.n_heads, .D = c->cfg.head_dim,
+                     .Hi = c->cfg.index_n_heads, .Di = c->cfg.index_head_dim, .topk = c->cfg.index_topk,
+                     .dense = c->cfg.index_loss_mode == DSV4_KL_DENSE,
+                     .scale = (float)(1.0 / sqrt((double)c->cfg.head_dim))};
+  DSV4_TRY(dsv4_kernels_get(c->impl)->kl(&ka));
+  dsv4_exactsum total = 0;
+  for (int64_t i = 0; i < a->n; i++) total += dsv4_exactsum_term(rows[i]);
+  DSV4_TRY(x->reduce_loss(x->st, &total, &n_valid));
+  sv->n_valid = n_valid;
+  *loss = n_valid ? (float)(c->cfg.index_loss_coeff * dsv4_exactsum_value(total) / (double)n_valid) : 0.0f;
+fail:
+  free(rows);
+  return rc;
+}
+
+static dsv4_status check_args(const dsv4_core *c, const dsv4_core_fwd_args *a) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_CHECK(a && a->o && a->q && a->kv && a->pk, DSV4_ERR_ARG, "core forward: o, q, kv and pk are required");
+  DSV4_CHECK(a->n >= 0, DSV4_ERR_ARG, "core forward: n < 0");
+  DSV4_CHECK(c->ratio == 0 || a->x, DSV4_ERR_ARG, "core forward: x is required for a compressed layer");
+  DSV4_CHECK(c->ratio != 4 || a->qr, DSV4_ERR_ARG, "core forward: qr is required for a ratio-4 layer");
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_saved *sv = &c->sv;
+  float *blk = NULL, *all = NULL, *blk_i = NULL, *all_i = NULL, *ml = NULL;
+  const int r = c->ratio, H = c->cfg.n_heads, D = c->cfg.head_dim;
+  const dsv4_kernels *K = dsv4_kernels_get(c->impl);
+  dsv4_core_saved_free(sv);
+  DSV4_TRY(check_args(c, a));
+  DSV4_TRY(dsv4_docs_build(&sv->docs, a->pk, r));
+  DSV4_TRY(x->layout(x->st, &sv->docs, a->n, c->cfg.window, &sv->lay));
+  DSV4_TRY(dsv4_core_fill_tokmap(c, &sv->docs, &sv->lay, NULL));
+  int64_t max_len = 1;
+  for (int i = 0; i < sv->docs.n_docs; i++)
+    max_len = sv->docs.cu[i + 1] - sv->docs.cu[i] > max_len ? sv->docs.cu[i + 1] - sv->docs.cu[i] : max_len;
+  DSV4_TRY(dsv4_rope_reserve(&c->rope, max_len));
+  const int64_t n = a->n;
+  sv->n = n;
+  sv->q = a->q, sv->kv = a->kv, sv->x = a->x, sv->qr = a->qr, sv->o = a->o;
+
+  /* Stage 1: start the all-gathers of the compressed blocks. */
+  if (r > 0) {
+    DSV4_TRY(build_slots(c));
+    DSV4_TRY(stage1_start(c, a, x, 0, &sv->C, &sv->Z, &blk, &all));
+    if (r == 4) DSV4_TRY(stage1_start(c, a, x, 1, &sv->CI, &sv->ZI, &blk_i, &all_i));
+    DSV4_ALLOC(sv->cmp_begin, n + 1);
+    DSV4_ALLOC(sv->cmp_count, n + 1);
+    for (int64_t i = 0; i < n; i++) {
+      sv->cmp_begin[i] = (int32_t)sv->docs.cu_cmp[c->tok.doc[i]];
+      sv->cmp_count[i] = c->tok.real[i] ? (c->tok.pos[i] + 1) / r : 0;
+    }
+  }
+
+  /* Stage 2: window halo, then the window phase while the all-gathers are in flight. */
+  DSV4_ALLOC(sv->win_start, n + 1);
+  DSV4_ALLOC(sv->win_len, n + 1);
+  window_ranges(c, &sv->lay, sv->win_start, sv->win_len);
+  const float *kv_ext = a->kv;
+  if (sv->lay.ext_kv) {
+    DSV4_ALLOC(sv->kv_ext, sv->lay.R_kv * D + 1);
+    for (int s = 0; s < sv->lay.n_seg; s++) {
+      const dsv4_seg *sg = &sv->lay.seg[s];
+      memcpy(sv->kv_ext + (sg->kv_row + sg->win_halo) * D, a->kv + sg->lo * D, sizeof(float) * sg->len * D);
+    }
+    DSV4_TRY(x->win_halo(x->st, &sv->lay, sv->kv_ext, D));
+    kv_ext = sv->kv_ext;
+  }
+  DSV4_ALLOC(sv->lse, n * H + 1);
+  dsv4_attn_args at = {.out = a->o, .lse = sv->lse, .q = a->q, .ori_kv = kv_ext,
+                       .win_start = sv->win_start, .win_len = sv->win_len,
+                       .sink = dsv4_w(c->w, W_SINK), .S1 = n, .R = sv->lay.R_kv, .H = H, .D = D,
+                       .scale = (float)(1.0 / sqrt((double)D))};
+  if (c->impl == DSV4_IMPL_FAST) {
+    DSV4_ALLOC(ml, 2 * n * H + 1);
+    DSV4_TRY(dsv4_sparse_attn_window(&at, ml, ml + n * H));
+  }
+  if (r > 0) {
+    DSV4_TRY(stage1_finish(c, x, 0, all, &sv->cmp));
+    at.cmp_kv = sv->cmp;
+    at.C = sv->docs.n_cmp;
+    at.cmp_begin = sv->cmp_begin;
+    at.cmp_count = sv->cmp_count;
+  }
+  if (r == 4) {
+    DSV4_TRY(stage1_finish(c, x, 1, all_i, &sv->KI));
+    DSV4_TRY(indexer_queries(c, a));
+    const int k = c->cfg.index_topk;
+    DSV4_ALLOC(sv->topk, n * k + 1);
+    dsv4_indexer_args ia = {.topk_ids = sv->topk, .q_idx = sv->qI, .k_idx = sv->KI, .weights = sv->wI,
+                            .vis_begin = sv->cmp_begin, .vis_count = sv->cmp_count, .S1 = n,
+                            .C = sv->docs.n_cmp, .Hi = c->cfg.index_n_heads,
+                            .Di = c->cfg.index_head_dim, .topk = k};
+    DSV4_TRY(K->indexer(&ia));
+    if (a->topk_ids) memcpy(a->topk_ids, sv->topk, sizeof(int32_t) * (size_t)(n * k));
+    at.cmp_ids = sv->topk;
+    at.n_cmp_ids = k;
+  }
+  if (c->impl == DSV4_IMPL_FAST)
+    DSV4_TRY(dsv4_sparse_attn_finish(&at, ml, ml + n * H));
+  else
+    DSV4_TRY(K->attn(&at));
+  if (r == 4) {
+    float loss = 0;
+    DSV4_TRY(kl_forward(c, a, x, &loss));
+    if (a->indexer_loss) *a->indexer_loss = loss;
+  }
+  sv->valid = a->train;
+fail:
+  if (rc != DSV4_OK) x->drain(x->st);
+  free(blk);
+  free(all);
+  free(blk_i);
+  free(all_i);
+  free(ml);
+  if (rc != DSV4_OK || !a || !a->train) dsv4_core_saved_free(sv);
+  return rc;
+}

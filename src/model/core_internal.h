@@ -1,0 +1,127 @@
+/* core_internal.h: the core attention object and the two-stage algorithm's seams.
+ *
+ * One algorithm serves one rank and N ranks. It works on the local rows, split into segments
+ * (contiguous runs of the global stream) that carry room for halos in front of them; everything
+ * that crosses ranks goes through a dsv4_exchange. The one-rank exchange moves nothing (its layout
+ * has no halos and its all-gather is a copy); the CP exchange (src/cp/) sends the messages. So a
+ * token is computed by the same code, with the same shapes, whoever owns it.
+ *
+ * Extended buffers (per segment, in segment order):
+ *   kv_ext    [R_kv, D]   : win_halo rows (the W-1 raw kv rows before the segment, clamped to the
+ *                           document start), then the segment's own rows
+ *   C/Z_ext   [R_c, c*D]  : CMP_HALO_ROWS(r) rows (r == 4: the previous window, first-half channels
+ *                           only), then the segment's own rows
+ * Blocks: the local rows cut into windows of r tokens (every segment starts on a multiple of r);
+ * each rank's blocks form its slot buffer, all-gathered in rank order, and the gather index maps
+ * each global compressed id (SPEC 4: documents' slots in order) to its row there. */
+#ifndef DSV4_CORE_INTERNAL_H
+#define DSV4_CORE_INTERNAL_H
+
+#include "dsv4cp.h"
+#include "model/docs.h"
+#include "ops/kernels.h"
+#include "ops/rope.h"
+#include "util/exactsum.h"
+
+/* Rows in front of each segment in the compressor buffers: the previous window for r == 4. */
+#define CMP_HALO_ROWS(r) ((r) == 4 ? 4 : 0)
+
+typedef struct {
+  int64_t g0, len;   /* global tokens [g0, g0 + len) */
+  int64_t lo;        /* first local row */
+  int64_t win_halo;  /* window halo rows before the segment */
+  int64_t kv_row;    /* first row of the halo in kv_ext (own rows start at kv_row + win_halo) */
+  int cmp_halo;      /* 1: the first block's previous window comes from another rank */
+  int64_t c_row;     /* first row of the halo in C/Z_ext */
+  int64_t blk0;      /* first local block */
+} dsv4_seg;
+
+typedef struct {
+  int ratio;
+  int n_seg;
+  dsv4_seg *seg;
+  int64_t n;         /* local rows */
+  int64_t R_kv, R_c; /* rows of kv_ext and C/Z_ext */
+  int64_t n_blk;     /* local blocks (ratio > 0) */
+  int64_t n_blk_all; /* blocks of all ranks */
+  int32_t *gather;   /* [docs.n_cmp] global compressed id -> row of the all-gathered block buffer */
+  int64_t panel;     /* projection panel rows (dsv4_panel_rows of the global T) */
+  int ext_kv;        /* 1: build kv_ext and run the window halo exchange (every CP rank, so the
+                        point-to-point messages match); 0: kv is used as it is (one rank) */
+} dsv4_layout;
+
+void dsv4_layout_free(dsv4_layout *lay);
+
+/* Everything that crosses ranks. Every rank calls every function in the same order, even when its
+ * share is empty, so collectives always match. `which` is 0 for the main compressor, 1 for the
+ * indexer's. */
+typedef struct {
+  void *st;
+  /* The layout of the local rows (validates that the ranks agree on the inputs). */
+  dsv4_status (*layout)(void *st, const dsv4_docs *docs, int64_t n_local, int W, dsv4_layout *lay);
+  /* Stage 1: fills the compressor halo rows (first c*D/2 channels of C and Z). */
+  dsv4_status (*cmp_halo)(void *st, const dsv4_layout *lay, float *C, float *Z, int cD, int which);
+  /* Stage 1: all-gather of the local blocks [n_blk, D] into [n_blk_all, D]; start, then wait. */
+  dsv4_status (*gather_start)(void *st, const dsv4_layout *lay, const float *local, float *all, int D,
+                              int which);
+  dsv4_status (*gather_wait)(void *st, int which);
+  /* Completes any started all-gather (called on the error path before buffers are freed). */
+  void (*drain)(void *st);
+  /* Stage 2: fills the window halo rows of kv_ext. */
+  dsv4_status (*win_halo)(void *st, const dsv4_layout *lay, float *kv_ext, int D);
+  /* Sums the KL loss partials (exactly) and valid counts over ranks, in place. */
+  dsv4_status (*reduce_loss)(void *st, dsv4_exactsum *sum, int64_t *count);
+  /* Backward: halo row gradients of d_kv_ext go back to their owners and are added there. */
+  dsv4_status (*win_halo_bwd)(void *st, const dsv4_layout *lay, float *d_kv_ext, int D);
+  /* Backward: d_all [n_blk_all, D] summed over ranks, each rank keeping its own blocks. */
+  dsv4_status (*blocks_reduce_scatter)(void *st, const dsv4_layout *lay, const float *d_all,
+                                       float *d_local, int D, int which);
+  /* Backward: compressor halo row gradients go back to their owners and are added there. */
+  dsv4_status (*cmp_halo_bwd)(void *st, const dsv4_layout *lay, float *dC, float *dZ, int cD, int which);
+} dsv4_exchange;
+
+/* What backward needs from the last training forward. */
+typedef struct {
+  int valid;
+  const float *q, *kv, *x, *qr, *o;  /* borrowed from the caller */
+  int64_t n;
+  dsv4_docs docs;
+  dsv4_layout lay;
+  float *kv_ext;                      /* [R_kv, D]; NULL when the layout has no halo (kv is used) */
+  int32_t *win_start, *win_len;       /* [n] */
+  float *lse;                         /* [n, H] */
+  float *C, *Z;                       /* [R_c, c*D] main compressor projections */
+  int32_t *slot_cur, *slot_prev, *slot_pos, *slot_blk; /* [n_slot] local valid slots */
+  int64_t n_slot;
+  float *cmp;                         /* [n_cmp, D] global compressed kv */
+  int32_t *cmp_begin, *cmp_count;     /* [n] visible compressed ranges */
+  float *CI, *ZI;                     /* [R_c, 2 Di] indexer compressor projections */
+  float *KI;                          /* [n_cmp, Di] global indexer keys */
+  float *qI, *wI;                     /* [n, Hi*Di], [n, Hi] */
+  int32_t *topk;                      /* [n, k] */
+  int64_t n_valid;                    /* KL valid tokens over all ranks */
+} dsv4_core_saved;
+
+struct dsv4_core {
+  dsv4_config cfg;
+  int layer, ratio;
+  const dsv4_weights *w;
+  dsv4_impl impl;
+  dsv4_rope rope;
+  dsv4_core_ops ops;
+  void *impl_state;
+  void (*free_state)(void *);
+  dsv4_tokmap_buf tok;
+  dsv4_core_saved sv;
+};
+
+void dsv4_core_saved_free(dsv4_core_saved *sv);
+
+/* The two-stage forward and backward over an exchange (core_fwd.c, core_bwd.c). */
+dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x);
+dsv4_status dsv4_core_run_backward(dsv4_core *c, const dsv4_core_bwd_args *a, const dsv4_exchange *x);
+/* Token map of a layout's local rows (into c->tok). */
+dsv4_status dsv4_core_fill_tokmap(dsv4_core *c, const dsv4_docs *docs, const dsv4_layout *lay,
+                                  dsv4_token_map *map);
+
+#endif

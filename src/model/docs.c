@@ -1,0 +1,106 @@
+/* docs.c: packed-sequence validation and token maps (see docs.h). */
+#include "docs.h"
+
+#include <string.h>
+
+#include "util/err.h"
+
+dsv4_status dsv4_docs_build(dsv4_docs *d, const dsv4_packing *pk, int ratio) {
+  dsv4_status rc = DSV4_OK;
+  memset(d, 0, sizeof *d);
+  DSV4_CHECK(pk, DSV4_ERR_ARG, "packing meta is NULL");
+  DSV4_CHECK(pk->T > 0, DSV4_ERR_ARG, "T must be positive (got %lld)", (long long)pk->T);
+  const int n = pk->cu_seqlens ? pk->n_docs : 1;
+  DSV4_CHECK(n >= 1, DSV4_ERR_ARG, "cu_seqlens must describe at least one document (n_docs = %d)", n);
+  d->n_docs = n;
+  d->T = pk->T;
+  d->ratio = ratio;
+  d->batched = pk->batched;
+  DSV4_ALLOC(d->cu, n + 1);
+  DSV4_ALLOC(d->real, n);
+  DSV4_ALLOC(d->cu_cmp, n + 1);
+  if (pk->cu_seqlens) {
+    DSV4_CHECK(pk->cu_seqlens[0] == 0, DSV4_ERR_ARG, "cu_seqlens[0] must be 0 (got %d)",
+               pk->cu_seqlens[0]);
+    for (int i = 0; i < n; i++)
+      DSV4_CHECK(pk->cu_seqlens[i + 1] > pk->cu_seqlens[i], DSV4_ERR_ARG,
+                 "cu_seqlens not increasing at index %d (%d then %d)", i + 1, pk->cu_seqlens[i],
+                 pk->cu_seqlens[i + 1]);
+    DSV4_CHECK(pk->cu_seqlens[n] == pk->T, DSV4_ERR_ARG,
+               "cu_seqlens ends at %d but there are %lld tokens", pk->cu_seqlens[n], (long long)pk->T);
+    for (int i = 0; i <= n; i++) d->cu[i] = pk->cu_seqlens[i];
+  } else {
+    d->cu[1] = pk->T;
+  }
+  for (int i = 0; i < n; i++) {
+    const int64_t padded = d->cu[i + 1] - d->cu[i];
+    d->real[i] = pk->seqlens_real ? pk->seqlens_real[i] : padded;
+    DSV4_CHECK(d->real[i] > 0 && d->real[i] <= padded, DSV4_ERR_ARG,
+               "seqlens_real[%d] = %lld out of range (1..%lld, the padded length)", i,
+               (long long)d->real[i], (long long)padded);
+    if (ratio > 0)
+      DSV4_CHECK(padded % ratio == 0, DSV4_ERR_ARG,
+                 "document %d: padded length %lld is not a multiple of the layer's compress ratio %d",
+                 i, (long long)padded, ratio);
+    d->cu_cmp[i + 1] = d->cu_cmp[i] + (ratio > 0 ? d->real[i] / ratio : 0);
+  }
+  d->n_cmp = d->cu_cmp[n];
+  return DSV4_OK;
+fail:
+  dsv4_docs_free(d);
+  return rc;
+}
+
+void dsv4_docs_free(dsv4_docs *d) {
+  free(d->cu);
+  free(d->real);
+  free(d->cu_cmp);
+  memset(d, 0, sizeof *d);
+}
+
+int dsv4_docs_find(const dsv4_docs *d, int64_t g) {
+  int lo = 0, hi = d->n_docs - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (d->cu[mid] <= g) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+dsv4_status dsv4_tokmap_fill(dsv4_tokmap_buf *b, const dsv4_docs *d, const int64_t *glob, int64_t n) {
+  dsv4_status rc = DSV4_OK;
+  if (n > b->cap) {
+    dsv4_tokmap_free(b);
+    DSV4_ALLOC(b->global, n);
+    DSV4_ALLOC(b->doc, n);
+    DSV4_ALLOC(b->pos, n);
+    DSV4_ALLOC(b->real, n);
+    b->cap = n;
+  }
+  int doc = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t g = glob[i];
+    DSV4_CHECK(g >= 0 && g < d->T, DSV4_ERR_ARG, "token map: global index %lld out of range",
+               (long long)g);
+    if (g < d->cu[doc] || g >= d->cu[doc + 1]) doc = dsv4_docs_find(d, g);
+    b->global[i] = g;
+    b->doc[i] = doc;
+    b->pos[i] = (int32_t)(g - d->cu[doc]);
+    b->real[i] = b->pos[i] < d->real[doc];
+  }
+  b->map.n = n;
+  b->map.global = b->global;
+  b->map.doc = b->doc;
+  b->map.pos = b->pos;
+  b->map.real = b->real;
+fail:
+  return rc;
+}
+
+void dsv4_tokmap_free(dsv4_tokmap_buf *b) {
+  free(b->global);
+  free(b->doc);
+  free(b->pos);
+  free(b->real);
+  memset(b, 0, sizeof *b);
+}

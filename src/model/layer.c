@@ -1,0 +1,222 @@
+/* layer.c: the attention layer around the core (SPEC 3 steps 1-2 and 8-9): q/kv projections with
+ * their RMSNorms and RoPE, the core (through its function pointers, so CP can swap it), inverse
+ * RoPE and the grouped output projection; and the backward of all of it. Positions come from the
+ * core's token map, so the same code runs on one rank and on a CP shard. */
+#include <string.h>
+
+#include "model/core_internal.h"
+#include "model/weights.h"
+#include "ops/rmsnorm.h"
+#include "util/err.h"
+#include "util/gemm.h"
+
+struct dsv4_layer {
+  dsv4_config cfg;
+  int layer;
+  const dsv4_weights *w;
+  dsv4_core *core;
+  dsv4_impl impl;
+  /* saved by a training forward */
+  int valid;
+  int64_t n;
+  const float *x;
+  float *a, *qr, *b, *q, *c, *kv, *o, *op, *u;  /* activations, see forward */
+  float *sa, *sb, *sc;                           /* inverse rms of a [n], b [n, H], c [n] */
+  int32_t *pos;
+  uint8_t *real;
+  int64_t *glob;
+};
+
+static void saved_free(dsv4_layer *l) {
+  void *p[] = {l->a, l->qr, l->b, l->q, l->c, l->kv, l->o, l->op, l->u, l->sa, l->sb, l->sc,
+               l->pos, l->real, l->glob};
+  for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
+  l->a = l->qr = l->b = l->q = l->c = l->kv = l->o = l->op = l->u = l->sa = l->sb = l->sc = NULL;
+  l->pos = NULL;
+  l->real = NULL;
+  l->glob = NULL;
+  l->valid = 0;
+}
+
+dsv4_status dsv4_layer_create(dsv4_layer **out, const dsv4_config *cfg, int layer, const dsv4_weights *w) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_layer *l = NULL;
+  DSV4_CHECK(out, DSV4_ERR_ARG, "layer: NULL out");
+  *out = NULL;
+  DSV4_ALLOC(l, 1);
+  DSV4_TRY(dsv4_core_create(&l->core, cfg, layer, w));
+  l->cfg = *cfg;
+  l->layer = layer;
+  l->w = w;
+  *out = l;
+  return DSV4_OK;
+fail:
+  dsv4_layer_free(l);
+  return rc;
+}
+
+void dsv4_layer_free(dsv4_layer *l) {
+  if (!l) return;
+  saved_free(l);
+  dsv4_core_free(l->core);
+  free(l);
+}
+
+dsv4_core *dsv4_layer_core(dsv4_layer *l) { return l->core; }
+
+void dsv4_layer_set_impl(dsv4_layer *l, dsv4_impl impl) {
+  l->impl = impl;
+  dsv4_core_set_impl(l->core, impl);
+}
+
+dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, float *indexer_loss,
+                               const float *x, int64_t n, const dsv4_packing *pk, int train) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_token_map map;
+  const dsv4_config *cf = &l->cfg;
+  const int64_t d = cf->dim, H = cf->n_heads, D = cf->head_dim, dq = cf->q_lora_rank;
+  const int64_t G = cf->o_groups, Ro = cf->o_lora_rank, HGD = (H / G) * D;
+  const dsv4_weights *w = l->w;
+  dsv4_core *core = l->core;
+  saved_free(l);
+  DSV4_CHECK(out && x && pk, DSV4_ERR_ARG, "layer forward: out, x and pk are required");
+  DSV4_TRY(dsv4_core_token_map(core, pk, n, &map));
+  l->n = n;
+  l->x = x;
+  DSV4_ALLOC(l->glob, n + 1);
+  DSV4_ALLOC(l->pos, n + 1);
+  DSV4_ALLOC(l->real, n + 1);
+  int64_t max_pos = 0;
+  for (int64_t i = 0; i < n; i++) {
+    l->glob[i] = map.global[i];
+    l->pos[i] = map.pos[i];
+    l->real[i] = map.real[i];
+    max_pos = map.pos[i] > max_pos ? map.pos[i] : max_pos;
+  }
+  DSV4_TRY(dsv4_rope_reserve(&core->rope, max_pos + 1));
+  const int64_t P = dsv4_panel_rows(pk->T);
+#define PROJ(Y, ldy, X, ldx, W, N, K) \
+  DSV4_TRY(dsv4_proj_rows(Y, ldy, X, ldx, W, n, N, K, l->glob, P, l->impl))
+  DSV4_ALLOC(l->a, n * dq + 1);
+  DSV4_ALLOC(l->qr, n * dq + 1);
+  DSV4_ALLOC(l->b, n * H * D + 1);
+  DSV4_ALLOC(l->q, n * H * D + 1);
+  DSV4_ALLOC(l->c, n * D + 1);
+  DSV4_ALLOC(l->kv, n * D + 1);
+  DSV4_ALLOC(l->sa, n + 1);
+  DSV4_ALLOC(l->sb, n * H + 1);
+  DSV4_ALLOC(l->sc, n + 1);
+  /* step 1: qr = RMSNorm_{q_norm}(wq_a x); q = RoPE(RMSNorm(wq_b qr)) per head */
+  PROJ(l->a, dq, x, d, dsv4_w(w, W_WQ_A), dq, d);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++)
+    l->sa[i] = dsv4_rmsnorm_row(l->qr + i * dq, l->a + i * dq, dsv4_w(w, W_Q_NORM), (int)dq, cf->eps);
+  PROJ(l->b, H * D, l->qr, dq, dsv4_w(w, W_WQ_B), H * D, dq);
+  /* step 2: kv = RoPE(RMSNorm_{kv_norm}(wkv x)) */
+  PROJ(l->c, D, x, d, dsv4_w(w, W_WKV), D, d);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    for (int64_t h = 0; h < H; h++) {
+      float *qh = l->q + (i * H + h) * D;
+      l->sb[i * H + h] = dsv4_rmsnorm_row(qh, l->b + (i * H + h) * D, NULL, (int)D, cf->eps);
+      dsv4_rope_apply(&core->rope, qh, (int)D, l->pos[i], 0);
+    }
+    l->sc[i] = dsv4_rmsnorm_row(l->kv + i * D, l->c + i * D, dsv4_w(w, W_KV_NORM), (int)D, cf->eps);
+    dsv4_rope_apply(&core->rope, l->kv + i * D, (int)D, l->pos[i], 0);
+  }
+  /* core: compressor, indexer, sparse attention, KL loss */
+  DSV4_ALLOC(l->o, n * H * D + 1);
+  dsv4_core_fwd_args ca = {.o = l->o, .topk_ids = topk_ids, .indexer_loss = indexer_loss, .q = l->q,
+                           .kv = l->kv, .x = x, .qr = l->qr, .pk = pk, .n = n, .train = train};
+  DSV4_TRY(dsv4_core_forward(core, &ca));
+  /* step 8: inverse RoPE at the query position; step 9: grouped output projection */
+  DSV4_ALLOC(l->op, n * H * D + 1);
+  memcpy(l->op, l->o, sizeof(float) * (size_t)(n * H * D));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t h = 0; h < H; h++) dsv4_rope_apply(&core->rope, l->op + (i * H + h) * D, (int)D, l->pos[i], 1);
+  DSV4_ALLOC(l->u, n * G * Ro + 1);
+  for (int64_t g = 0; g < G; g++)
+    PROJ(l->u + g * Ro, G * Ro, l->op + g * HGD, H * D, dsv4_w(w, W_WO_A) + g * Ro * HGD, Ro, HGD);
+  PROJ(out, d, l->u, G * Ro, dsv4_w(w, W_WO_B), d, G * Ro);
+#undef PROJ
+  for (int64_t i = 0; i < n; i++)
+    if (!l->real[i]) memset(out + i * d, 0, sizeof(float) * (size_t)d);
+  l->valid = train;
+fail:
+  if (rc != DSV4_OK || !train) saved_free(l);
+  return rc;
+}
+
+dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, const float *dout,
+                                float d_loss) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_config *cf = &l->cfg;
+  const int64_t d = cf->dim, H = cf->n_heads, D = cf->head_dim, dq = cf->q_lora_rank;
+  const int64_t G = cf->o_groups, Ro = cf->o_lora_rank, HGD = (H / G) * D, n = l->n;
+  const dsv4_weights *w = l->w;
+  const dsv4_kernels *K = dsv4_kernels_get(l->impl);
+  float *g = NULL, *du = NULL, *dop = NULL, *dq_ = NULL, *dkv = NULL, *dqr = NULL;
+  DSV4_CHECK(l->valid, DSV4_ERR_STATE, "layer backward called without a training forward (train = 1)");
+  DSV4_CHECK(dx && grads && dout, DSV4_ERR_ARG, "layer backward: dx, grads and dout are required");
+  DSV4_CHECK(dsv4_weights_layer(grads) == l->layer, DSV4_ERR_ARG,
+             "layer backward: gradient set is for layer %d, not %d", dsv4_weights_layer(grads), l->layer);
+  /* padding rows have no output, so their dout is ignored */
+  DSV4_ALLOC(g, n * d + 1);
+  for (int64_t i = 0; i < n; i++)
+    if (l->real[i]) memcpy(g + i * d, dout + i * d, sizeof(float) * (size_t)d);
+  /* out = wo_b u;  u_g = wo_a[g] op_g */
+  K->gemm_tn(d, G * Ro, n, 1.0f, g, d, l->u, G * Ro, 1.0f, dsv4_w(grads, W_WO_B), G * Ro);
+  DSV4_ALLOC(du, n * G * Ro + 1);
+  K->gemm_nn(n, G * Ro, d, 1.0f, g, d, dsv4_w(w, W_WO_B), G * Ro, 0.0f, du, G * Ro);
+  DSV4_ALLOC(dop, n * H * D + 1);
+  for (int64_t gi = 0; gi < G; gi++) {
+    K->gemm_tn(Ro, HGD, n, 1.0f, du + gi * Ro, G * Ro, l->op + gi * HGD, H * D, 1.0f,
+               dsv4_w(grads, W_WO_A) + gi * Ro * HGD, HGD);
+    K->gemm_nn(n, HGD, Ro, 1.0f, du + gi * Ro, G * Ro, dsv4_w(w, W_WO_A) + gi * Ro * HGD, HGD, 0.0f,
+               dop + gi * HGD, H * D);
+  }
+  /* op = RoPE_{-p}(o)  ->  d o = RoPE_{+p}(d op) */
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t h = 0; h < H; h++) dsv4_rope_apply(&l->core->rope, dop + (i * H + h) * D, (int)D, l->pos[i], 0);
+  DSV4_ALLOC(dq_, n * H * D + 1);
+  DSV4_ALLOC(dkv, n * D + 1);
+  memset(dx, 0, sizeof(float) * (size_t)(n * d));
+  dsv4_core_bwd_args cb = {.dq = dq_, .dkv = dkv, .dx = dx, .grads = grads, .d_o = dop, .d_loss = d_loss};
+  DSV4_TRY(dsv4_core_backward(l->core, &cb));
+  /* q = RoPE(RMSNorm(b)) per head;  kv = RoPE(RMSNorm_{kv_norm}(c)) */
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    for (int64_t h = 0; h < H; h++) {
+      float *dh = dq_ + (i * H + h) * D;
+      dsv4_rope_apply(&l->core->rope, dh, (int)D, l->pos[i], 1);
+      dsv4_rmsnorm_bwd_row(dh, NULL, dh, l->b + (i * H + h) * D, NULL, l->sb[i * H + h], (int)D);
+    }
+    dsv4_rope_apply(&l->core->rope, dkv + i * D, (int)D, l->pos[i], 1);
+  }
+  float *dkvn = dsv4_w(grads, W_KV_NORM);
+  for (int64_t i = 0; i < n; i++) /* serial: accumulates into d kv_norm */
+    dsv4_rmsnorm_bwd_row(dkv + i * D, dkvn, dkv + i * D, l->c + i * D, dsv4_w(w, W_KV_NORM), l->sc[i], (int)D);
+  /* b = wq_b qr;  qr = RMSNorm_{q_norm}(a);  a = wq_a x;  c = wkv x */
+  K->gemm_tn(H * D, dq, n, 1.0f, dq_, H * D, l->qr, dq, 1.0f, dsv4_w(grads, W_WQ_B), dq);
+  DSV4_ALLOC(dqr, n * dq + 1);
+  K->gemm_nn(n, dq, H * D, 1.0f, dq_, H * D, dsv4_w(w, W_WQ_B), dq, 0.0f, dqr, dq);
+  float *dqn = dsv4_w(grads, W_Q_NORM);
+  for (int64_t i = 0; i < n; i++)
+    dsv4_rmsnorm_bwd_row(dqr + i * dq, dqn, dqr + i * dq, l->a + i * dq, dsv4_w(w, W_Q_NORM), l->sa[i], (int)dq);
+  K->gemm_tn(dq, d, n, 1.0f, dqr, dq, l->x, d, 1.0f, dsv4_w(grads, W_WQ_A), d);
+  K->gemm_nn(n, d, dq, 1.0f, dqr, dq, dsv4_w(w, W_WQ_A), d, 1.0f, dx, d);
+  K->gemm_tn(D, d, n, 1.0f, dkv, D, l->x, d, 1.0f, dsv4_w(grads, W_WKV), d);
+  K->gemm_nn(n, d, D, 1.0f, dkv, D, dsv4_w(w, W_WKV), d, 1.0f, dx, d);
+  for (int64_t i = 0; i < n; i++)
+    if (!l->real[i]) memset(dx + i * d, 0, sizeof(float) * (size_t)d);
+fail:
+  free(g);
+  free(du);
+  free(dop);
+  free(dq_);
+  free(dkv);
+  free(dqr);
+  return rc;
+}

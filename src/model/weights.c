@@ -1,0 +1,231 @@
+/* weights.c: the weight set of one layer: the table of DeepSeek V4 tensor names and shapes
+ * (SPEC section 2), one allocation carved into tensors, deterministic random initialisation,
+ * and loading from safetensors with every name, shape and dtype checked. */
+#include "weights.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "io/safetensors.h"
+#include "util/err.h"
+#include "util/rng.h"
+
+/* How random initial values are scaled (they only need to exercise every path sensibly). */
+typedef enum { INIT_LINEAR, INIT_NORM, INIT_APE, INIT_SINK } init_kind;
+#define INIT_NORM_SPREAD 0.1f
+#define INIT_APE_SCALE 0.5f
+
+struct dsv4_weights {
+  dsv4_config cfg;
+  int layer, ratio;
+  char prefix[32];             /* "layers.L." or "" as found in the loaded file */
+  dsv4_tensor t[W_COUNT];      /* data == NULL for tensors this layer kind does not have */
+  init_kind init[W_COUNT];
+  float *block;
+};
+
+static const char *const NAMES[W_COUNT] = {
+    "attn.wq_a.weight", "attn.q_norm.weight", "attn.wq_b.weight", "attn.wkv.weight",
+    "attn.kv_norm.weight", "attn.attn_sink", "attn.wo_a.weight", "attn.wo_b.weight",
+    "attn.compressor.ape", "attn.compressor.wkv.weight", "attn.compressor.wgate.weight",
+    "attn.compressor.norm.weight", "attn.indexer.wq_b.weight", "attn.indexer.weights_proj.weight",
+    "attn.indexer.compressor.ape", "attn.indexer.compressor.wkv.weight",
+    "attn.indexer.compressor.wgate.weight", "attn.indexer.compressor.norm.weight"};
+
+static void set_shape(dsv4_weights *w, dsv4_wid id, int64_t a, int64_t b, init_kind kind) {
+  dsv4_tensor *t = &w->t[id];
+  t->name = NAMES[id];
+  t->ndim = b ? 2 : 1;
+  t->shape[0] = a;
+  t->shape[1] = b;
+  t->numel = b ? a * b : a;
+  w->init[id] = kind;
+}
+
+dsv4_status dsv4_weights_create(dsv4_weights **out, const dsv4_config *cfg, int layer) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_weights *w = NULL;
+  DSV4_CHECK(out && cfg, DSV4_ERR_ARG, "weights: NULL argument");
+  *out = NULL;
+  DSV4_TRY(dsv4_config_validate(cfg));
+  int r = dsv4_config_ratio(cfg, layer);
+  DSV4_CHECK(r >= 0, DSV4_ERR_ARG, "layer %d out of range (config has %d layers)", layer, cfg->n_layers);
+  DSV4_ALLOC(w, 1);
+  w->cfg = *cfg;
+  w->layer = layer;
+  w->ratio = r;
+  snprintf(w->prefix, sizeof w->prefix, "layers.%d.", layer);
+  const int64_t d = cfg->dim, H = cfg->n_heads, D = cfg->head_dim, dq = cfg->q_lora_rank;
+  const int64_t G = cfg->o_groups, Ro = cfg->o_lora_rank, Hi = cfg->index_n_heads,
+                Di = cfg->index_head_dim;
+  set_shape(w, W_WQ_A, dq, d, INIT_LINEAR);
+  set_shape(w, W_Q_NORM, dq, 0, INIT_NORM);
+  set_shape(w, W_WQ_B, H * D, dq, INIT_LINEAR);
+  set_shape(w, W_WKV, D, d, INIT_LINEAR);
+  set_shape(w, W_KV_NORM, D, 0, INIT_NORM);
+  set_shape(w, W_SINK, H, 0, INIT_SINK);
+  set_shape(w, W_WO_A, G * Ro, (H / G) * D, INIT_LINEAR);
+  set_shape(w, W_WO_B, d, G * Ro, INIT_LINEAR);
+  if (r > 0) {
+    const int64_t c = (r == 4) ? 2 : 1;
+    set_shape(w, W_C_APE, r, c * D, INIT_APE);
+    set_shape(w, W_C_WKV, c * D, d, INIT_LINEAR);
+    set_shape(w, W_C_WGATE, c * D, d, INIT_LINEAR);
+    set_shape(w, W_C_NORM, D, 0, INIT_NORM);
+  }
+  if (r == 4) {
+    set_shape(w, W_I_WQ_B, Hi * Di, dq, INIT_LINEAR);
+    set_shape(w, W_I_PROJ, Hi, d, INIT_LINEAR);
+    set_shape(w, W_I_APE, 4, 2 * Di, INIT_APE);
+    set_shape(w, W_I_WKV, 2 * Di, d, INIT_LINEAR);
+    set_shape(w, W_I_WGATE, 2 * Di, d, INIT_LINEAR);
+    set_shape(w, W_I_NORM, Di, 0, INIT_NORM);
+  }
+  int64_t total = 0;
+  for (int i = 0; i < W_COUNT; i++) total += w->t[i].numel;
+  DSV4_ALLOC(w->block, total);
+  int64_t off = 0;
+  for (int i = 0; i < W_COUNT; i++)
+    if (w->t[i].numel) {
+      w->t[i].data = w->block + off;
+      off += w->t[i].numel;
+    }
+  *out = w;
+  return DSV4_OK;
+fail:
+  dsv4_weights_free(w);
+  return rc;
+}
+
+void dsv4_weights_free(dsv4_weights *w) {
+  if (!w) return;
+  free(w->block);
+  free(w);
+}
+
+float *dsv4_w(const dsv4_weights *w, dsv4_wid id) { return w->t[id].data; }
+int dsv4_weights_layer(const dsv4_weights *w) { return w->layer; }
+const dsv4_config *dsv4_weights_config(const dsv4_weights *w) { return &w->cfg; }
+const char *dsv4_weights_prefix(const dsv4_weights *w) { return w->prefix; }
+
+/* The public index i runs over present tensors only, in the order of the id table. */
+static int nth_present(const dsv4_weights *w, int i) {
+  for (int id = 0; id < W_COUNT; id++)
+    if (w->t[id].data && i-- == 0) return id;
+  return -1;
+}
+
+int dsv4_weights_count(const dsv4_weights *w) {
+  int n = 0;
+  for (int id = 0; id < W_COUNT; id++) n += w->t[id].data != NULL;
+  return n;
+}
+
+dsv4_status dsv4_weights_get(const dsv4_weights *w, int i, dsv4_tensor *t) {
+  dsv4_status rc = DSV4_OK;
+  int id = nth_present(w, i);
+  DSV4_CHECK(id >= 0, DSV4_ERR_ARG, "weights: tensor index %d out of range", i);
+  *t = w->t[id];
+fail:
+  return rc;
+}
+
+float *dsv4_weights_find(const dsv4_weights *w, const char *name) {
+  char full[128];
+  for (int id = 0; id < W_COUNT; id++) {
+    if (!w->t[id].data) continue;
+    snprintf(full, sizeof full, "layers.%d.%s", w->layer, NAMES[id]);
+    if (!strcmp(name, NAMES[id]) || !strcmp(name, full)) return w->t[id].data;
+  }
+  return NULL;
+}
+
+void dsv4_weights_zero(dsv4_weights *w) {
+  for (int id = 0; id < W_COUNT; id++)
+    if (w->t[id].data) memset(w->t[id].data, 0, sizeof(float) * (size_t)w->t[id].numel);
+}
+
+dsv4_status dsv4_weights_add(dsv4_weights *dst, const dsv4_weights *src) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_CHECK(dst && src && dst->layer == src->layer && dst->ratio == src->ratio, DSV4_ERR_ARG,
+             "weights_add: sets of different layers");
+  for (int id = 0; id < W_COUNT; id++) {
+    DSV4_CHECK(dst->t[id].numel == src->t[id].numel, DSV4_ERR_ARG,
+               "weights_add: tensor '%s' differs in size", NAMES[id]);
+    for (int64_t i = 0; i < dst->t[id].numel; i++) dst->t[id].data[i] += src->t[id].data[i];
+  }
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_weights_init_random(dsv4_weights *w, uint64_t seed) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_CHECK(w, DSV4_ERR_ARG, "weights: NULL");
+  for (int id = 0; id < W_COUNT; id++) {
+    dsv4_tensor *t = &w->t[id];
+    if (!t->data) continue;
+    uint64_t stream = dsv4_name_stream(NAMES[id]);
+    switch (w->init[id]) {
+      case INIT_LINEAR: /* uniform with std 1/sqrt(fan_in): keeps activations O(1) */
+        dsv4_random_fill(t->data, t->numel, seed, stream, 0, sqrtf(3.0f / (float)t->shape[1]));
+        break;
+      case INIT_NORM:
+        dsv4_random_fill(t->data, t->numel, seed, stream, 0, INIT_NORM_SPREAD);
+        for (int64_t i = 0; i < t->numel; i++) t->data[i] += 1.0f;
+        break;
+      case INIT_APE: dsv4_random_fill(t->data, t->numel, seed, stream, 0, INIT_APE_SCALE); break;
+      case INIT_SINK: dsv4_random_fill(t->data, t->numel, seed, stream, 0, 1.0f); break;
+    }
+  }
+fail:
+  return rc;
+}
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
+  int k = snprintf(buf, n, "[");
+  for (int i = 0; i < ndim && k < (int)n; i++)
+    k += snprintf(buf + k, n - (size_t)k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+  if (k < (int)n) snprintf(buf + k, n - (size_t)k, "]");
+}
+
+dsv4_status dsv4_weights_load(dsv4_weights *w, const char *path) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_st_file *f = NULL;
+  char full[160], want[64], got[64];
+  DSV4_CHECK(w && path, DSV4_ERR_ARG, "weights: NULL argument");
+  DSV4_TRY(dsv4_st_open(&f, path));
+  /* The file names this layer's tensors either with the "layers.L." prefix or without. */
+  snprintf(full, sizeof full, "layers.%d.%s", w->layer, NAMES[W_WQ_A]);
+  if (dsv4_st_find(f, full))
+    snprintf(w->prefix, sizeof w->prefix, "layers.%d.", w->layer);
+  else if (dsv4_st_find(f, NAMES[W_WQ_A]))
+    w->prefix[0] = 0;
+  else
+    DSV4_FAIL(DSV4_ERR_TENSOR, "%s: missing tensor '%s' (nor '%s')", path, full, NAMES[W_WQ_A]);
+  for (int id = 0; id < W_COUNT; id++) {
+    dsv4_tensor *t = &w->t[id];
+    if (!t->data) continue;
+    snprintf(full, sizeof full, "%s%s", w->prefix, NAMES[id]);
+    const dsv4_st_info *info = dsv4_st_find(f, full);
+    DSV4_CHECK(info, DSV4_ERR_TENSOR, "%s: missing tensor '%s'", path, full);
+    DSV4_CHECK(info->dtype == DSV4_DT_F32 || info->dtype == DSV4_DT_BF16 ||
+                   info->dtype == DSV4_DT_F16,
+               DSV4_ERR_TENSOR, "%s: tensor '%s' has dtype %s, expected F32, BF16 or F16", path, full,
+               dsv4_dtype_name(info->dtype));
+    int same = info->ndim == t->ndim;
+    for (int i = 0; same && i < t->ndim; i++) same = info->shape[i] == t->shape[i];
+    if (!same) {
+      shape_str(want, sizeof want, t->ndim, t->shape);
+      shape_str(got, sizeof got, info->ndim, info->shape);
+      DSV4_FAIL(DSV4_ERR_TENSOR, "%s: tensor '%s' has shape %s, expected %s", path, full, got, want);
+    }
+    DSV4_TRY(dsv4_st_read_f32(f, info, t->data));
+    for (int64_t i = 0; i < t->numel; i++)
+      DSV4_CHECK(isfinite(t->data[i]), DSV4_ERR_TENSOR, "%s: tensor '%s' has a non-finite value at %lld",
+                 path, full, (long long)i);
+  }
+fail:
+  dsv4_st_close(f);
+  return rc;
+}

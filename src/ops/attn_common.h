@@ -1,0 +1,66 @@
+/* attn_common.h: pieces shared by the sparse attention, indexer and KL kernels: argument checks,
+ * the key list of a query, and a vectorisable exp.
+ *
+ * Determinism: everything here is plain IEEE arithmetic with a fixed order per element. The build
+ * uses -ffp-contract=off so that a loop's vector body and scalar remainder give the same bits, and
+ * a value never depends on which lane computed it. */
+#ifndef DSV4_ATTN_COMMON_H
+#define DSV4_ATTN_COMMON_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include "dsv4cp.h"
+
+/* exp(x) for x <= 0 (callers subtract a maximum first), relative error below 1e-7.
+ * x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite split of ln2), exp(r) by its degree-7 Taylor
+ * polynomial (truncation error r^8 / 8! < 6e-9), times 2^n built in the exponent bits.
+ * Inputs below -87 are clamped (the result, ~1.6e-38, is negligible next to the maximum's 1). */
+static inline float dsv4_exp_neg(float x) {
+  const float LOG2E = 1.44269504088896341f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
+  x = x < -87.0f ? -87.0f : x;
+  float n = floorf(x * LOG2E + 0.5f);
+  float r = x - n * LN2_HI - n * LN2_LO;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  union { int32_t i; float f; } sc = {.i = ((int32_t)n + 127) << 23};
+  return p * sc.f;
+}
+
+/* Number of compressed keys of query p and, when ids are given, the compacted list of rows. */
+static inline int dsv4_attn_cmp_rows(const dsv4_attn_args *a, int64_t p, int32_t *rows) {
+  if (!a->cmp_kv) return 0;
+  if (a->cmp_ids) {
+    int n = 0;
+    const int32_t *ids = a->cmp_ids + p * a->n_cmp_ids;
+    for (int j = 0; j < a->n_cmp_ids; j++)
+      if (ids[j] >= 0) rows[n++] = ids[j];
+    return n;
+  }
+  if (!a->cmp_count) return 0;
+  for (int j = 0; j < a->cmp_count[p]; j++) rows[j] = a->cmp_begin[p] + j;
+  return a->cmp_count[p];
+}
+
+/* Largest number of compressed keys any query can have (scratch sizing). */
+static inline int64_t dsv4_attn_max_cmp(const dsv4_attn_args *a) {
+  if (!a->cmp_kv) return 0;
+  if (a->cmp_ids) return a->n_cmp_ids;
+  int64_t m = 0;
+  if (a->cmp_count)
+    for (int64_t p = 0; p < a->S1; p++) m = a->cmp_count[p] > m ? a->cmp_count[p] : m;
+  return m;
+}
+
+/* Validates shapes, window ranges and compressed rows; errors name the argument. */
+dsv4_status dsv4_attn_check(const dsv4_attn_args *a);
+dsv4_status dsv4_indexer_check(const dsv4_indexer_args *a);
+dsv4_status dsv4_kl_check(const dsv4_kl_args *a);
+
+#endif

@@ -1,0 +1,26 @@
+/* kernels.h: the fast and the naive implementation of every operator and product, as two tables,
+ * so model code is written once and runs either path (dsv4_impl). */
+#ifndef DSV4_KERNELS_H
+#define DSV4_KERNELS_H
+
+#include "compressor.h"
+#include "dsv4cp.h"
+
+typedef struct {
+  dsv4_status (*compress)(const dsv4_compress_args *);
+  dsv4_status (*compress_bwd)(const dsv4_compress_bwd_args *);
+  dsv4_status (*indexer)(const dsv4_indexer_args *);
+  dsv4_status (*attn)(const dsv4_attn_args *);
+  dsv4_status (*attn_bwd)(const dsv4_attn_bwd_args *);
+  dsv4_status (*kl)(const dsv4_kl_args *);
+  void (*gemm_nt)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t,
+                  float, float *, int64_t);
+  void (*gemm_nn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t,
+                  float, float *, int64_t);
+  void (*gemm_tn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t,
+                  float, float *, int64_t);
+} dsv4_kernels;
+
+const dsv4_kernels *dsv4_kernels_get(dsv4_impl impl);
+
+#endif

@@ -1,0 +1,269 @@
+/* sparse_attn.c: fast sparse_attn_sharedkv, forward (two phases) and backward.
+ *
+ * Blocking: one query at a time, all heads together, so every product is a BLAS call
+ * [H, D] x [D, n_keys] (forward: scores, then [H, n] x [n, D] for the output). Window keys are
+ * contiguous rows of ori_kv and need no copy; top-k compressed keys are gathered once per query
+ * into a contiguous block (k rows of D floats: 1 MiB at V4-Flash sizes, against 4 H k D = 67 MFLOP
+ * of work on it). A query's calls have the same shapes whatever rank computes it, which keeps CP
+ * results bitwise equal to one rank (see util/gemm.h).
+ *
+ * Napkin math (V4-Flash, CSA, per query): window 2 x 2 H W D = 17 MFLOP, compressed 2 x 2 H k D =
+ * 67 MFLOP, exp H (W + k) = 41k; M = H = 64 rows keeps sgemm near its peak. */
+#include "sparse_attn.h"
+
+#include "attn_common.h"
+#include "util/err.h"
+#include "util/gemm.h"
+#include "util/par.h"
+
+/* Per-thread scratch of the forward. */
+typedef struct {
+  float *S;       /* [H, max keys] scores / probabilities */
+  float *Kc;      /* [max cmp, D] gathered compressed keys */
+  int32_t *rows;  /* [max cmp] */
+} fwd_scratch;
+
+static int64_t max_win(const dsv4_attn_args *a) {
+  int64_t m = 0;
+  for (int64_t p = 0; p < a->S1; p++) m = a->win_len[p] > m ? a->win_len[p] : m;
+  return m;
+}
+
+/* Compressed keys of query p: a pointer to n contiguous rows (range or gathered copy). */
+static const float *cmp_keys(const dsv4_attn_args *a, int64_t p, int32_t *rows, float *gather, int *n) {
+  *n = dsv4_attn_cmp_rows(a, p, rows);
+  if (*n == 0) return NULL;
+  if (!a->cmp_ids) return a->cmp_kv + (int64_t)rows[0] * a->D;
+  for (int j = 0; j < *n; j++)
+    memcpy(gather + (int64_t)j * a->D, a->cmp_kv + (int64_t)rows[j] * a->D, sizeof(float) * a->D);
+  return gather;
+}
+
+/* Row maximum and in-place exp(x - m) of an [H, n] block; returns row sums in l. */
+static void softmax_rows(float *S, int H, int n, float *mx, float *l) {
+  for (int h = 0; h < H; h++) {
+    float *s = S + (int64_t)h * n;
+    float m = -INFINITY;
+    for (int j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
+    mx[h] = m;
+  }
+  for (int h = 0; h < H; h++) {
+    float *s = S + (int64_t)h * n, sum = 0;
+    for (int j = 0; j < n; j++) s[j] = dsv4_exp_neg(s[j] - mx[h]);
+    for (int j = 0; j < n; j++) sum += s[j];
+    l[h] = sum;
+  }
+}
+
+dsv4_status dsv4_sparse_attn_window(const dsv4_attn_args *a, float *m_w, float *l_w) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_TRY(dsv4_attn_check(a));
+  const int H = a->H, D = a->D;
+  const int64_t nwmax = max_win(a);
+  int failed = 0;
+#pragma omp parallel
+  {
+    float *S = malloc(sizeof(float) * (size_t)(H * (nwmax ? nwmax : 1)));
+    if (!S) {
+#pragma omp atomic write
+      failed = 1;
+    }
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t p = 0; p < a->S1; p++) {
+      if (!S) continue;
+      const int nw = a->win_len[p];
+      const float *q = a->q + p * H * D, *Kw = a->ori_kv + (int64_t)a->win_start[p] * D;
+      float *o = a->out + p * H * D;
+      if (nw == 0) {
+        memset(o, 0, sizeof(float) * H * D);
+        for (int h = 0; h < H; h++) { m_w[p * H + h] = -INFINITY; l_w[p * H + h] = 0; }
+        continue;
+      }
+      dsv4_gemm_nt(H, nw, D, a->scale, q, D, Kw, D, 0.0f, S, nw);
+      softmax_rows(S, H, nw, m_w + p * H, l_w + p * H);
+      dsv4_gemm_nn(H, D, nw, 1.0f, S, nw, Kw, D, 0.0f, o, D);
+    }
+    free(S);
+  }
+  DSV4_CHECK(!failed, DSV4_ERR_NOMEM, "sparse_attn: out of memory for scratch");
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, const float *l_w) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_TRY(dsv4_attn_check(a));
+  const int H = a->H, D = a->D;
+  const int64_t ncmax = dsv4_attn_max_cmp(a);
+  int failed = 0;
+#pragma omp parallel
+  {
+    fwd_scratch sc = {malloc(sizeof(float) * (size_t)(H * (ncmax ? ncmax : 1))),
+                      malloc(sizeof(float) * (size_t)((a->cmp_ids ? ncmax : 0) * D + 1)),
+                      malloc(sizeof(int32_t) * (size_t)(ncmax + 1))};
+    float *mc = malloc(sizeof(float) * 2 * (size_t)H);
+    if (!sc.S || !sc.Kc || !sc.rows || !mc) {
+#pragma omp atomic write
+      failed = 1;
+    }
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t p = 0; p < a->S1; p++) {
+      if (failed) continue;
+      float *o = a->out + p * H * D, *lse = a->lse + p * H, *lc = mc + H;
+      if (a->win_len[p] == 0) {
+        for (int h = 0; h < H; h++) lse[h] = 0;
+        continue;
+      }
+      int nc;
+      const float *Kc = cmp_keys(a, p, sc.rows, sc.Kc, &nc);
+      if (nc > 0) {
+        dsv4_gemm_nt(H, nc, D, a->scale, a->q + p * H * D, D, Kc, D, 0.0f, sc.S, nc);
+        for (int h = 0; h < H; h++) {
+          float m = -INFINITY;
+          for (int j = 0; j < nc; j++) m = sc.S[(int64_t)h * nc + j] > m ? sc.S[(int64_t)h * nc + j] : m;
+          mc[h] = m;
+        }
+      }
+      for (int h = 0; h < H; h++) {
+        const float mw = m_w[p * H + h];
+        float m = mw > a->sink[h] ? mw : a->sink[h];
+        if (nc > 0 && mc[h] > m) m = mc[h];
+        const float aw = dsv4_exp_neg(mw - m);
+        float sum = 0;
+        if (nc > 0) {
+          float *s = sc.S + (int64_t)h * nc;
+          for (int j = 0; j < nc; j++) s[j] = dsv4_exp_neg(s[j] - m);
+          for (int j = 0; j < nc; j++) sum += s[j];
+        }
+        lc[h] = aw * l_w[p * H + h] + sum + dsv4_exp_neg(a->sink[h] - m);
+        for (int e = 0; e < D; e++) o[(int64_t)h * D + e] *= aw;
+        lse[h] = m + logf(lc[h]);
+      }
+      if (nc > 0) dsv4_gemm_nn(H, D, nc, 1.0f, sc.S, nc, Kc, D, 1.0f, o, D);
+      for (int h = 0; h < H; h++) {
+        const float inv = 1.0f / lc[h];
+        for (int e = 0; e < D; e++) o[(int64_t)h * D + e] *= inv;
+      }
+    }
+    free(sc.S);
+    free(sc.Kc);
+    free(sc.rows);
+    free(mc);
+  }
+  DSV4_CHECK(!failed, DSV4_ERR_NOMEM, "sparse_attn: out of memory for scratch");
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_sparse_attn(const dsv4_attn_args *a) {
+  dsv4_status rc = DSV4_OK;
+  float *ml = NULL;
+  DSV4_TRY(dsv4_attn_check(a));
+  DSV4_ALLOC(ml, 2 * a->S1 * a->H);
+  DSV4_TRY(dsv4_sparse_attn_window(a, ml, ml + a->S1 * a->H));
+  DSV4_TRY(dsv4_sparse_attn_finish(a, ml, ml + a->S1 * a->H));
+fail:
+  free(ml);
+  return rc;
+}
+
+/* Backward of one block of n keys K (contiguous rows) for query p, given P = exp(scale q K^T - lse):
+ *   dP = dO K^T; dS = P (dP - delta);  dq += scale dS K;  dK += scale dS^T q + P^T dO.
+ * S and dP are [H, n] scratch; dK receives the key gradients (beta: 0 overwrite, 1 accumulate). */
+static void bwd_block(const dsv4_attn_args *a, const float *q, const float *dO, const float *lse,
+                      const float *delta, const float *K, int n, float *S, float *dP, float *dq,
+                      int first, float *dK, float beta) {
+  const int H = a->H, D = a->D;
+  dsv4_gemm_nt(H, n, D, a->scale, q, D, K, D, 0.0f, S, n);
+  dsv4_gemm_nt(H, n, D, 1.0f, dO, D, K, D, 0.0f, dP, n);
+  for (int h = 0; h < H; h++) {
+    float *s = S + (int64_t)h * n, *dp = dP + (int64_t)h * n;
+    for (int j = 0; j < n; j++) {
+      s[j] = dsv4_exp_neg(s[j] - lse[h]);
+      dp[j] = s[j] * (dp[j] - delta[h]);
+    }
+  }
+  dsv4_gemm_nn(H, D, n, a->scale, dP, n, K, D, first ? 0.0f : 1.0f, dq, D);
+  dsv4_gemm_tn(n, D, H, a->scale, dP, n, q, D, beta, dK, D);
+  dsv4_gemm_tn(n, D, H, 1.0f, S, n, dO, D, 1.0f, dK, D);
+}
+
+dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_attn_args *a = &b->fwd;
+  float *priv = NULL;
+  dsv4_attn_args chk = *a;
+  chk.out = (float *)b->out;
+  chk.lse = (float *)b->lse;
+  DSV4_TRY(dsv4_attn_check(&chk));
+  DSV4_CHECK(b->dq && b->d_ori_kv && b->d_sink && b->dout && b->out && b->lse, DSV4_ERR_ARG,
+             "sparse_attn backward: a required pointer is NULL");
+  DSV4_CHECK(!a->cmp_kv || b->d_cmp_kv, DSV4_ERR_ARG, "sparse_attn backward: d_cmp_kv is NULL");
+  const int H = a->H, D = a->D;
+  const int64_t ncmax = dsv4_attn_max_cmp(a), nmax = (max_win(a) > ncmax ? max_win(a) : ncmax) + 1;
+  const int64_t C = a->cmp_kv ? a->C : 0;
+  const int nt = dsv4_nthreads();
+  /* Threads other than 0 accumulate key gradients privately; summed in thread order at the end. */
+  const int64_t priv_n = a->R * D + C * D + H;
+  DSV4_ALLOC(priv, (nt - 1) * priv_n + 1);
+  int failed = 0;
+#pragma omp parallel num_threads(nt)
+  {
+    const int tid = dsv4_thread_id();
+    float *d_ori = tid ? priv + (tid - 1) * priv_n : b->d_ori_kv;
+    float *d_cmp = tid ? d_ori + a->R * D : b->d_cmp_kv;
+    float *d_sink = tid ? d_ori + a->R * D + C * D : b->d_sink;
+    float *S = malloc(sizeof(float) * (size_t)(2 * H * nmax + 2 * ncmax * D + 2 * H + 1));
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)(ncmax + 1));
+    if (!S || !rows) {
+#pragma omp atomic write
+      failed = 1;
+    }
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t p = 0; p < a->S1; p++) {
+      if (failed) continue;
+      float *dP = S + H * nmax, *Kc = dP + H * nmax, *dKc = Kc + ncmax * D, *delta = dKc + ncmax * D;
+      const float *q = a->q + p * H * D, *dO = b->dout + p * H * D, *O = b->out + p * H * D;
+      const float *lse = b->lse + p * H;
+      float *dq = b->dq + p * H * D;
+      const int nw = a->win_len[p];
+      if (nw == 0) {
+        memset(dq, 0, sizeof(float) * H * D);
+        continue;
+      }
+      for (int h = 0; h < H; h++) {
+        float s = 0;
+        for (int e = 0; e < D; e++) s += dO[(int64_t)h * D + e] * O[(int64_t)h * D + e];
+        delta[h] = s;
+        d_sink[h] -= dsv4_exp_neg(a->sink[h] - lse[h]) * s;
+      }
+      const int64_t ws = a->win_start[p];
+      bwd_block(a, q, dO, lse, delta, a->ori_kv + ws * D, nw, S, dP, dq, 1, d_ori + ws * D, 1.0f);
+      int nc;
+      const float *K = cmp_keys(a, p, rows, Kc, &nc);
+      if (nc == 0) continue;
+      if (a->cmp_ids) {
+        bwd_block(a, q, dO, lse, delta, K, nc, S, dP, dq, 0, dKc, 0.0f);
+        for (int j = 0; j < nc; j++) {
+          float *dst = d_cmp + (int64_t)rows[j] * D;
+          const float *src = dKc + (int64_t)j * D;
+          for (int e = 0; e < D; e++) dst[e] += src[e];
+        }
+      } else {
+        bwd_block(a, q, dO, lse, delta, K, nc, S, dP, dq, 0, d_cmp + (int64_t)rows[0] * D, 1.0f);
+      }
+    }
+    free(S);
+    free(rows);
+  }
+  DSV4_CHECK(!failed, DSV4_ERR_NOMEM, "sparse_attn backward: out of memory for scratch");
+  for (int t = 1; t < nt; t++) {
+    const float *p = priv + (t - 1) * priv_n;
+    for (int64_t i = 0; i < a->R * D; i++) b->d_ori_kv[i] += p[i];
+    for (int64_t i = 0; i < C * D; i++) b->d_cmp_kv[i] += p[a->R * D + i];
+    for (int h = 0; h < H; h++) b->d_sink[h] += p[a->R * D + C * D + h];
+  }
+fail:
+  free(priv);
+  return rc;
+}

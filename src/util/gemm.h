@@ -1,0 +1,47 @@
+/* gemm.h: the matrix products of the library, on CBLAS, plus naive loops for the reference path.
+ *
+ * Bitwise reproducibility across shardings: a BLAS call's result for one row depends on the
+ * call's shape (M, N, K pick different kernels) but, with the shape fixed, not on which row of
+ * the call it is, and not on the other rows (checked at run time by dsv4_blas_probe_invariance).
+ * dsv4_proj_rows therefore computes token rows in panels of P rows aligned to GLOBAL multiples of
+ * P, padding partial panels with zero rows: a token gets the same bits whether one rank or N
+ * ranks compute it. */
+#ifndef DSV4_GEMM_H
+#define DSV4_GEMM_H
+
+#include <stdint.h>
+#include "dsv4cp.h"
+
+/* C[M,N] = alpha * A[M,K] . B[N,K]^T + beta * C   ("NT": B is a PyTorch Linear weight [out, in]) */
+void dsv4_gemm_nt(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* C[M,N] = alpha * A[M,K] . B[K,N] + beta * C */
+void dsv4_gemm_nn(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* C[M,N] = alpha * A[K,M]^T . B[K,N] + beta * C   (weight gradients dW = dY^T X) */
+void dsv4_gemm_tn(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* Naive triple loops with double accumulation (the reference path), same contracts. */
+void dsv4_gemm_nt_ref(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+void dsv4_gemm_nn_ref(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+void dsv4_gemm_tn_ref(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* Rows per projection panel for a stream of T_global tokens (same on every rank). */
+int64_t dsv4_panel_rows(int64_t T_global);
+
+/* Y[i, :] = X[i, :] . W^T for the n local rows (W: [N, K]); glob[i] is row i's global token index.
+ * Rows are computed in panels of P rows aligned to global multiples of P (see top of file).
+ * X has leading dimension ldx, Y ldy. impl NAIVE uses the reference loops. */
+dsv4_status dsv4_proj_rows(float *Y, int64_t ldy, const float *X, int64_t ldx, const float *W,
+                           int64_t n, int64_t N, int64_t K, const int64_t *glob, int64_t P,
+                           dsv4_impl impl);
+
+/* 1 when this BLAS gives a row the same bits at any position of a fixed-shape call (so that
+ * CP = N can be bitwise equal to CP = 1); tests use it to decide whether to demand bitwise. */
+int dsv4_blas_probe_invariance(void);
+
+#endif

@@ -1,0 +1,142 @@
+/* cli.c: shared CLI machinery (see cli.h). */
+#include "cli.h"
+
+#include <errno.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* How long a failing rank waits for the others to reach the error check before aborting. */
+#define CLI_SYNC_TIMEOUT 20.0
+
+void cli_error(cli_ctx *c, const char *fmt, ...) {
+  if (c->err[0]) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->err, sizeof c->err, fmt, ap);
+  va_end(ap);
+}
+
+int cli_lib(cli_ctx *c, dsv4_status rc) {
+  if (rc == DSV4_OK) return 0;
+  cli_error(c, "%s", dsv4_last_error());
+  return 1;
+}
+
+void cli_say(const cli_ctx *c, const char *fmt, ...) {
+  if (c->rank != 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  fflush(stdout);
+}
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+void cli_abort(cli_ctx *c) {
+  fprintf(stderr, "dsv4cp: error: %s\n", c->err[0] ? c->err : "unknown failure");
+  fflush(stderr);
+  if (c->size > 1) MPI_Abort(c->comm, 1);
+  exit(1);
+}
+
+int cli_sync(cli_ctx *c) {
+  /* lowest failing rank, or size when none */
+  int mine = c->err[0] ? c->rank : c->size, first = c->size;
+  if (c->size > 1) {
+    MPI_Request req;
+    MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, c->comm, &req);
+    const double t0 = now();
+    int done = 0;
+    while (!done) {
+      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      if (!done && now() - t0 > CLI_SYNC_TIMEOUT) {
+        if (!c->err[0]) snprintf(c->err, sizeof c->err, "another rank stopped responding");
+        cli_abort(c);
+      }
+      if (!done) usleep(200);
+    }
+    if (first < c->size) MPI_Bcast(c->err, CLI_MSG_LEN, MPI_CHAR, first, c->comm);
+  } else {
+    first = mine;
+  }
+  if (first == c->size) return 0;
+  fprintf(stderr, "dsv4cp: error: %s\n", c->err);
+  fflush(stderr);
+  return 1;
+}
+
+static void print_help(const cli_opt *opts, const char *usage) {
+  printf("%s\n\noptions:\n", usage);
+  for (const cli_opt *o = opts; o->name; o++) {
+    char left[64];
+    snprintf(left, sizeof left, "--%s%s%s", o->name, o->meta ? " " : "", o->meta ? o->meta : "");
+    printf("  %-28s %s\n", left, o->help);
+  }
+  printf("  %-28s %s\n", "--help", "print this help");
+}
+
+int cli_parse(cli_ctx *c, int argc, char **argv, int first, const cli_opt *opts, const char *usage) {
+  for (int i = first; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      if (c->rank == 0) print_help(opts, usage);
+      return 1;
+    }
+    if (strncmp(a, "--", 2) != 0) {
+      cli_error(c, "unexpected argument '%s' (see --help)", a);
+      return -1;
+    }
+    const cli_opt *o = opts;
+    while (o->name && strcmp(o->name, a + 2)) o++;
+    if (!o->name) {
+      cli_error(c, "unknown option '%s' (see --help)", a);
+      return -1;
+    }
+    if (o->meta) {
+      if (i + 1 >= argc) {
+        cli_error(c, "option '%s' needs a value (%s)", a, o->meta);
+        return -1;
+      }
+      *o->value = argv[++i];
+    } else {
+      *o->flag = 1;
+    }
+  }
+  return 0;
+}
+
+int cli_int(cli_ctx *c, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || !*s || *end || v < lo || v > hi) {
+    cli_error(c, "--%s: '%s' is not an integer in [%lld, %lld]", opt, s, (long long)lo, (long long)hi);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+void cli_set_threads(cli_ctx *c, const char *threads_opt) {
+  int64_t t = 0;
+  if (threads_opt && cli_int(c, "threads", threads_opt, 1, 1024, &t) == 0) {
+    omp_set_num_threads((int)t);
+    return;
+  }
+  if (getenv("OMP_NUM_THREADS")) return;
+  const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  long ranks_here = local ? atol(local) : c->size;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  long per = ranks_here > 0 ? cores / ranks_here : cores;
+  omp_set_num_threads(per > 0 ? (int)per : 1);
+}

@@ -1,0 +1,58 @@
+/* cli.h: what every dsv4cp command shares: MPI set-up, option parsing, and the error rule: a
+ * failure on any rank becomes one line on stderr on EVERY rank and a non-zero exit, never a hang. */
+#ifndef DSV4_CLI_H
+#define DSV4_CLI_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#include "dsv4cp.h"
+
+#define CLI_MSG_LEN 512
+
+typedef struct {
+  int rank, size;
+  MPI_Comm comm;
+  char err[CLI_MSG_LEN]; /* this rank's first error, empty when none */
+} cli_ctx;
+
+/* Records an error on this rank (the first one wins). */
+void cli_error(cli_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Records the library's last error for status rc (no-op when rc is DSV4_OK); returns rc != OK. */
+int cli_lib(cli_ctx *c, dsv4_status rc);
+/* Collective: 1 when any rank has recorded an error. Then every rank holds the message of the
+ * lowest failing rank in c->err and has printed it. A rank that never arrives (stuck elsewhere)
+ * makes the others abort the job after CLI_SYNC_TIMEOUT seconds instead of waiting forever. */
+int cli_sync(cli_ctx *c);
+/* Prints this rank's error and aborts the whole job (for failures inside collective work, where
+ * the other ranks may be blocked in a message that will never come). */
+void cli_abort(cli_ctx *c);
+/* Rank 0 prints to stdout (progress and results). */
+void cli_say(const cli_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Options: --name value, or --name for flags. */
+typedef struct {
+  const char *name;     /* without the leading dashes */
+  const char *meta;     /* value placeholder for --help; NULL for a flag */
+  const char *help;
+  const char **value;   /* set to the argument (value options) */
+  int *flag;            /* set to 1 (flags) */
+} cli_opt;
+
+/* Parses argv[first..]. Returns 0 on success, 1 when --help was printed, -1 on error (recorded). */
+int cli_parse(cli_ctx *c, int argc, char **argv, int first, const cli_opt *opts, const char *usage);
+/* Integer option value within [lo, hi]; records an error naming the option otherwise. */
+int cli_int(cli_ctx *c, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
+
+/* Sets OpenMP threads per rank: --threads when given, else cores / ranks on this node. */
+void cli_set_threads(cli_ctx *c, const char *threads_opt);
+
+/* The commands. */
+int cmd_run(cli_ctx *c, int argc, char **argv);
+int cmd_demo(cli_ctx *c, int argc, char **argv);
+int cmd_check(cli_ctx *c, int argc, char **argv);
+int cmd_train(cli_ctx *c, int argc, char **argv);
+int cmd_bench(cli_ctx *c, int argc, char **argv);
+int cmd_plan(cli_ctx *c, int argc, char **argv);
+
+#endif

@@ -1,0 +1,76 @@
+/* cmd_run.c: `dsv4cp run`, the file contract of SPEC 7: one layer forward (and backward), CP = N
+ * under mpirun -np N, results written by rank 0. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "job.h"
+
+static const char *USAGE =
+    "usage: dsv4cp run --config config.json --layer L [--weights w.safetensors] [--input in.safetensors]\n"
+    "                  [--grad-output g.safetensors] --output out.safetensors [--seed S] [--seq S --batch B]\n"
+    "\n"
+    "One attention layer forward (and backward with --grad-output, of sum(out * dout) + indexer_loss).\n"
+    "Under mpirun -np N the sequence is split over N ranks (two-stage context parallelism); every rank\n"
+    "reads the files and takes its shard; rank 0 writes out, topk_ids, indexer_loss, dx and grad.<name>.\n"
+    "Without --weights the weights are random from --seed; without --input so is x ([seq, d], or\n"
+    "[batch, seq, d] with --batch).";
+
+/* One line per message kind and direction: bytes and time of this rank, gathered to rank 0. */
+static void print_stats(cli_ctx *c, const dsv4_cp_stats *st) {
+  dsv4_cp_stats *all = c->rank == 0 ? calloc((size_t)c->size, sizeof *all) : NULL;
+  MPI_Gather(st, (int)sizeof *st, MPI_BYTE, all, (int)sizeof *st, MPI_BYTE, 0, c->comm);
+  if (c->rank == 0 && all) {
+    printf("%-22s %4s %14s %14s %9s %10s\n", "message kind", "rank", "bytes sent", "bytes recv", "messages",
+           "wait ms");
+    for (int k = 0; k < DSV4_MSG_KINDS; k++)
+      for (int r = 0; r < c->size; r++)
+        printf("%-22s %4d %14llu %14llu %9llu %10.3f\n", dsv4_msg_kind_name((dsv4_msg_kind)k), r,
+               (unsigned long long)all[r].bytes_sent[k], (unsigned long long)all[r].bytes_recv[k],
+               (unsigned long long)all[r].messages[k], 1e3 * all[r].seconds[k]);
+  }
+  free(all);
+}
+
+int cmd_run(cli_ctx *c, int argc, char **argv) {
+  job_opts o = {0};
+  const char *output = NULL, *threads = NULL;
+  int stats = 0, naive = 0;
+  const cli_opt opts[] = {
+      {"config", "FILE", "Hugging Face style config.json (required)", &o.config, NULL},
+      {"layer", "L", "layer index; its compress ratio picks the layer kind (required)", &o.layer, NULL},
+      {"weights", "FILE", "safetensors with the layer's tensors (default: random from --seed)", &o.weights, NULL},
+      {"input", "FILE", "safetensors with x [T, d] (+ cu_seqlens, seqlens_real) or x [B, S, d]", &o.input, NULL},
+      {"grad-output", "FILE", "safetensors with dout (shape of out): run the backward too", &o.grad, NULL},
+      {"output", "FILE", "where rank 0 writes the results (required)", &output, NULL},
+      {"seed", "S", "seed of random weights and input (default 0)", &o.seed, NULL},
+      {"seq", "S", "random input: tokens per sequence (default 256)", &o.seq, NULL},
+      {"batch", "B", "random input: B sequences of --seq tokens, as [B, S, d]", &o.batch, NULL},
+      {"split", "MODE", "CP split: contiguous (default) or zigzag", &o.split, NULL},
+      {"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL},
+      {"stats", NULL, "print bytes and time per message kind and rank (CP)", NULL, &stats},
+      {"naive", NULL, "use the naive reference path for every operator and product", NULL, &naive},
+      {NULL, NULL, NULL, NULL, NULL}};
+  int p = cli_parse(c, argc, argv, 2, opts, USAGE);
+  if (p == 1) return 0;
+  if (p == 0 && !output) cli_error(c, "--output is required");
+  if (!c->err[0]) cli_set_threads(c, threads);
+  if (!c->err[0]) job_check_output_path(c, output);
+  if (cli_sync(c)) return 1;
+  job j;
+  job_load(c, &j, &o);
+  if (cli_sync(c)) {
+    job_free(&j);
+    return 1;
+  }
+  job_result r;
+  dsv4_cp_stats st = {0};
+  job_execute(c, &j, 1, naive ? DSV4_IMPL_NAIVE : DSV4_IMPL_FAST, &r, &st);
+  if (!cli_sync(c)) {
+    job_write(c, &j, &r, output);
+    if (!cli_sync(c) && stats && c->size > 1) print_stats(c, &st);
+  }
+  int failed = c->err[0] != 0;
+  job_result_free(&r);
+  job_free(&j);
+  return failed;
+}

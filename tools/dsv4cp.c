@@ -1,0 +1,68 @@
+/* dsv4cp.c: the command-line program: dispatch to the commands, MPI start/stop, and the choice of
+ * OpenBLAS kernels. */
+#define _GNU_SOURCE
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static const char *USAGE =
+    "usage: dsv4cp <command> [options]     (under mpirun -np N the work is split over N ranks)\n"
+    "\n"
+    "commands:\n"
+    "  run     one layer forward (and backward with --grad-output) on files or random data\n"
+    "  demo    V4-Flash-shaped layers of every kind: speed, self-check against the naive path,\n"
+    "          and CP = N against CP = 1\n"
+    "  check   CP = N against CP = 1 recomputed on rank 0: max differences, bitwise equality\n"
+    "  train   K steps of plain SGD on a synthetic objective; the loss per step\n"
+    "  bench   the benchmark report (also: make bench)\n"
+    "  plan    bytes per message kind and resident memory per rank, from the formulas in docs/\n"
+    "\n"
+    "Run 'dsv4cp <command> --help' for a command's options.";
+
+/* OpenBLAS picks its kernels when the library loads, from OPENBLAS_CORETYPE or cpuid; on CPUs newer
+ * than its table (this Sapphire Rapids machine with Debian's 0.3.21) cpuid falls back to SSE3
+ * "Prescott" kernels, 8x slower. So, unless the user chose, pick the AVX-512 or AVX2 kernels and
+ * re-execute once (before MPI_Init, so every rank does the same). */
+static void choose_blas_kernels(char **argv) {
+  if (getenv("OPENBLAS_CORETYPE") || getenv("DSV4_NO_REEXEC")) return;
+  __builtin_cpu_init();
+  const char *core = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                     : __builtin_cpu_supports("avx2") ? "Haswell"
+                                                      : NULL;
+  if (!core) return;
+  setenv("OPENBLAS_CORETYPE", core, 1);
+  execv("/proc/self/exe", argv);
+  /* exec failed: continue with whatever kernels OpenBLAS chose */
+}
+
+int main(int argc, char **argv) {
+  choose_blas_kernels(argv);
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    puts(USAGE);
+    return argc < 2 ? 2 : 0;
+  }
+  static const struct {
+    const char *name;
+    int (*fn)(cli_ctx *, int, char **);
+  } cmds[] = {{"run", cmd_run},     {"demo", cmd_demo},   {"check", cmd_check},
+              {"train", cmd_train}, {"bench", cmd_bench}, {"plan", cmd_plan}};
+  int (*fn)(cli_ctx *, int, char **) = NULL;
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+    if (!strcmp(argv[1], cmds[i].name)) fn = cmds[i].fn;
+  if (!fn) {
+    fprintf(stderr, "dsv4cp: error: unknown command '%s' (see dsv4cp --help)\n", argv[1]);
+    return 2;
+  }
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  cli_ctx c = {.comm = MPI_COMM_WORLD};
+  MPI_Comm_rank(c.comm, &c.rank);
+  MPI_Comm_size(c.comm, &c.size);
+  int rc = fn(&c, argc, argv);
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,350 @@
+/* job.c: loading a job's files (or seeded random data), sharding, gathering and writing. */
+#define _GNU_SOURCE
+#include "job.h"
+
+#include <libgen.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dsv4cp_mpi.h"
+#include "io/safetensors.h"
+#include "util/rng.h"
+
+#define DEFAULT_SEQ 256
+#define RANDOM_X_STREAM "input.x"
+
+static void load_config(cli_ctx *c, job *j, const job_opts *o) {
+  int64_t v;
+  if (o->preset) {
+    if (cli_lib(c, dsv4_config_preset(&j->cfg, o->preset))) return;
+  } else if (!o->config) {
+    cli_error(c, "--config is required");
+    return;
+  } else if (cli_lib(c, dsv4_config_load(&j->cfg, o->config))) {
+    return;
+  }
+  if (!o->layer) {
+    cli_error(c, "--layer is required");
+    return;
+  }
+  if (cli_int(c, "layer", o->layer, 0, j->cfg.n_layers - 1, &v)) return;
+  j->layer = (int)v;
+  j->ratio = dsv4_config_ratio(&j->cfg, j->layer);
+  if (o->seed && cli_int(c, "seed", o->seed, 0, INT64_MAX, &v) == 0) j->seed = (uint64_t)v;
+  j->cp.split = DSV4_SPLIT_CONTIGUOUS;
+  if (o->split) {
+    if (!strcmp(o->split, "zigzag")) j->cp.split = DSV4_SPLIT_ZIGZAG;
+    else if (strcmp(o->split, "contiguous")) cli_error(c, "--split: '%s' is not contiguous or zigzag", o->split);
+  }
+}
+
+static void load_weights(cli_ctx *c, job *j, const job_opts *o) {
+  if (cli_lib(c, dsv4_weights_create(&j->w, &j->cfg, j->layer))) return;
+  if (o->weights)
+    cli_lib(c, dsv4_weights_load(j->w, o->weights));
+  else
+    cli_lib(c, dsv4_weights_init_random(j->w, j->seed));
+}
+
+/* Reads an I32 meta tensor into a fresh array. */
+static int32_t *read_i32(cli_ctx *c, dsv4_st_file *f, const dsv4_st_info *t) {
+  int32_t *v = malloc(sizeof(int32_t) * (size_t)(t->numel + 1));
+  if (!v) cli_error(c, "out of memory reading %s", t->name);
+  else if (cli_lib(c, dsv4_st_read_i32(f, t, v))) {
+    free(v);
+    v = NULL;
+  }
+  return v;
+}
+
+/* Global meta of the input: shape of x, cu_seqlens, seqlens_real. Keeps the file open in *fp. */
+static void input_meta(cli_ctx *c, job *j, const job_opts *o, dsv4_st_file **fp, const dsv4_st_info **xi) {
+  const int64_t d = j->cfg.dim;
+  if (!o->input) {
+    int64_t S = DEFAULT_SEQ, B = 1;
+    if (o->seq && cli_int(c, "seq", o->seq, 1, INT32_MAX, &S)) return;
+    if (o->batch && cli_int(c, "batch", o->batch, 1, INT32_MAX, &B)) return;
+    if (S * B > INT32_MAX) {
+      cli_error(c, "--seq x --batch = %lld tokens is too many", (long long)(S * B));
+      return;
+    }
+    j->T = S * B;
+    j->B = B;
+    j->S = S;
+    j->x_ndim = o->batch ? 3 : 2;
+    return;
+  }
+  if (o->seq || o->batch) {
+    cli_error(c, "--seq/--batch describe random input; they cannot be used with --input");
+    return;
+  }
+  if (cli_lib(c, dsv4_st_open(fp, o->input))) return;
+  const dsv4_st_info *x = *xi = dsv4_st_find(*fp, "x");
+  if (!x) {
+    cli_error(c, "%s: missing tensor 'x'", o->input);
+    return;
+  }
+  if (x->ndim != 2 && x->ndim != 3) {
+    cli_error(c, "%s: tensor 'x' must be [T, d] or [B, S, d] (has %d dims)", o->input, x->ndim);
+    return;
+  }
+  if (x->shape[x->ndim - 1] != d) {
+    cli_error(c, "%s: tensor 'x' has width %lld but hidden_size is %lld", o->input,
+              (long long)x->shape[x->ndim - 1], (long long)d);
+    return;
+  }
+  j->x_ndim = x->ndim;
+  j->T = x->ndim == 2 ? x->shape[0] : x->shape[0] * x->shape[1];
+  if (j->T <= 0 || j->T > INT32_MAX) {
+    cli_error(c, "%s: tensor 'x' has %lld tokens", o->input, (long long)j->T);
+    return;
+  }
+  if (x->ndim == 3) {
+    j->B = x->shape[0];
+    j->S = x->shape[1];
+  }
+  const dsv4_st_info *cu = dsv4_st_find(*fp, "cu_seqlens"), *re = dsv4_st_find(*fp, "seqlens_real");
+  if (x->ndim == 3 && cu) {
+    cli_error(c, "%s: cu_seqlens given with a [B, S, d] input (use [T, d] for packed documents)", o->input);
+    return;
+  }
+  if (re && !cu && x->ndim == 2) {
+    cli_error(c, "%s: seqlens_real given without cu_seqlens", o->input);
+    return;
+  }
+  if (cu) {
+    if (cu->ndim != 1 || cu->numel < 2) {
+      cli_error(c, "%s: cu_seqlens must be a 1-d tensor of at least 2 entries", o->input);
+      return;
+    }
+    j->n_docs = (int)(cu->numel - 1);
+    if (!(j->cu = read_i32(c, *fp, cu))) return;
+  }
+  if (re) {
+    int n_docs = j->n_docs ? j->n_docs : (int)j->B;
+    if (re->ndim != 1 || re->numel != n_docs) {
+      cli_error(c, "%s: seqlens_real must have one entry per document (%d), has %lld", o->input, n_docs,
+                (long long)re->numel);
+      return;
+    }
+    j->real = read_i32(c, *fp, re);
+  }
+}
+
+static void build_packing(cli_ctx *c, job *j) {
+  if (j->x_ndim == 3 && !j->cu) {
+    j->n_docs = (int)j->B;
+    j->cu = malloc(sizeof(int32_t) * (size_t)(j->B + 1));
+    if (!j->cu) {
+      cli_error(c, "out of memory");
+      return;
+    }
+    for (int64_t b = 0; b <= j->B; b++) j->cu[b] = (int32_t)(b * j->S);
+  }
+  j->pk = (dsv4_packing){.cu_seqlens = j->cu, .seqlens_real = j->real, .n_docs = j->n_docs, .T = j->T,
+                         .batched = j->x_ndim == 3};
+}
+
+void job_reshard(cli_ctx *c, job *j, int rank, int size) {
+  free(j->rows);
+  j->rows = NULL;
+  if (cli_lib(c, dsv4_cp_shard_rows(&j->pk, &j->cp, rank, size, NULL, &j->n))) return;
+  j->rows = malloc(sizeof(int64_t) * (size_t)(j->n + 1));
+  if (!j->rows) {
+    cli_error(c, "out of memory");
+    return;
+  }
+  cli_lib(c, dsv4_cp_shard_rows(&j->pk, &j->cp, rank, size, j->rows, &j->n));
+}
+
+/* Reads a [T, d]-sized float tensor and keeps this rank's rows. */
+static float *read_rows(cli_ctx *c, job *j, dsv4_st_file *f, const dsv4_st_info *t, const char *what) {
+  const int64_t d = j->cfg.dim;
+  float *full = malloc(sizeof(float) * (size_t)(j->T * d)), *mine = malloc(sizeof(float) * (size_t)(j->n * d + 1));
+  if (!full || !mine) {
+    cli_error(c, "out of memory reading %s", what);
+  } else if (!cli_lib(c, dsv4_st_read_f32(f, t, full))) {
+    for (int64_t i = 0; i < j->n; i++) memcpy(mine + i * d, full + j->rows[i] * d, sizeof(float) * (size_t)d);
+    for (int64_t i = 0; i < j->n * d; i++)
+      if (!isfinite(mine[i])) {
+        cli_error(c, "%s has a non-finite value at row %lld", what, (long long)j->rows[i / d]);
+        break;
+      }
+  }
+  free(full);
+  if (c->err[0]) {
+    free(mine);
+    mine = NULL;
+  }
+  return mine;
+}
+
+static void load_grad(cli_ctx *c, job *j, const job_opts *o) {
+  dsv4_st_file *g = NULL;
+  if (cli_lib(c, dsv4_st_open(&g, o->grad))) return;
+  const dsv4_st_info *t = dsv4_st_find(g, "dout");
+  if (!t) {
+    cli_error(c, "%s: missing tensor 'dout'", o->grad);
+  } else if (t->ndim != j->x_ndim || t->numel != j->T * j->cfg.dim || t->shape[t->ndim - 1] != j->cfg.dim ||
+             (j->x_ndim == 3 && t->shape[0] != j->B)) {
+    cli_error(c, "%s: tensor 'dout' must have the shape of the output (%s)", o->grad,
+              j->x_ndim == 3 ? "[B, S, d]" : "[T, d]");
+  } else {
+    j->dout = read_rows(c, j, g, t, "dout");
+  }
+  dsv4_st_close(g);
+}
+
+void job_load(cli_ctx *c, job *j, const job_opts *o) {
+  dsv4_st_file *f = NULL;
+  const dsv4_st_info *xi = NULL;
+  memset(j, 0, sizeof *j);
+  load_config(c, j, o);
+  if (!c->err[0]) load_weights(c, j, o);
+  if (!c->err[0]) input_meta(c, j, o, &f, &xi);
+  if (!c->err[0]) build_packing(c, j);
+  if (!c->err[0]) job_reshard(c, j, c->rank, c->size);
+  if (!c->err[0]) {
+    const int64_t d = j->cfg.dim;
+    if (f) {
+      j->x = read_rows(c, j, f, xi, "x");
+    } else if (!(j->x = malloc(sizeof(float) * (size_t)(j->n * d + 1)))) {
+      cli_error(c, "out of memory for x");
+    } else {
+      const uint64_t stream = dsv4_name_stream(RANDOM_X_STREAM);
+      for (int64_t i = 0; i < j->n; i++) dsv4_random_fill(j->x + i * d, d, j->seed, stream, j->rows[i] * d, 1.0f);
+    }
+  }
+  if (!c->err[0] && o->grad) load_grad(c, j, o);
+  dsv4_st_close(f);
+}
+
+void job_free(job *j) {
+  dsv4_weights_free(j->w);
+  free(j->cu);
+  free(j->real);
+  free(j->rows);
+  free(j->x);
+  free(j->dout);
+  memset(j, 0, sizeof *j);
+}
+
+void job_gather_rows(cli_ctx *c, const job *j, const void *local, int64_t width, size_t elem, void *full) {
+  const size_t row_bytes = (size_t)width * elem;
+  if (c->size == 1) {
+    for (int64_t i = 0; i < j->n; i++)
+      memcpy((char *)full + j->rows[i] * row_bytes, (const char *)local + i * row_bytes, row_bytes);
+    return;
+  }
+  /* Every rank holds the same number of rows; rank r's rows are the shard of rank r. */
+  char *all = c->rank == 0 ? malloc(row_bytes * (size_t)(j->n * c->size) + 1) : NULL;
+  MPI_Gather(local, (int)(row_bytes * (size_t)j->n), MPI_BYTE, all, (int)(row_bytes * (size_t)j->n), MPI_BYTE,
+             0, c->comm);
+  if (c->rank == 0) {
+    int64_t *rows = malloc(sizeof(int64_t) * (size_t)(j->n + 1)), n = 0;
+    dsv4_cp_config cp = j->cp;
+    for (int r = 0; r < c->size; r++) {
+      dsv4_cp_shard_rows(&j->pk, &cp, r, c->size, rows, &n);
+      for (int64_t i = 0; i < n; i++)
+        memcpy((char *)full + rows[i] * row_bytes, all + ((size_t)r * j->n + i) * row_bytes, row_bytes);
+    }
+    free(rows);
+    free(all);
+  }
+}
+
+void job_check_output_path(cli_ctx *c, const char *path) {
+  if (c->rank != 0) return;
+  char *copy = strdup(path);
+  const char *dir = copy ? dirname(copy) : ".";
+  if (access(dir, W_OK) != 0) cli_error(c, "--output: directory '%s' does not exist or is not writable", dir);
+  free(copy);
+}
+
+void job_write(cli_ctx *c, const job *j, const job_result *r, const char *path) {
+  if (c->rank != 0) return;
+  dsv4_st_writer *w = NULL;
+  const int64_t d = j->cfg.dim, k = j->cfg.index_topk;
+  int64_t xshape[3] = {j->x_ndim == 3 ? j->B : j->T, j->x_ndim == 3 ? j->S : d, d};
+  int64_t tshape[2] = {j->T, k}, one = 1;
+  char names[64][160];
+  if (cli_lib(c, dsv4_st_writer_create(&w))) return;
+  int bad = cli_lib(c, dsv4_st_writer_add(w, "out", DSV4_DT_F32, j->x_ndim, xshape, r->out));
+  if (!bad && r->topk) bad = cli_lib(c, dsv4_st_writer_add(w, "topk_ids", DSV4_DT_I32, 2, tshape, r->topk));
+  if (!bad && j->ratio == 4)
+    bad = cli_lib(c, dsv4_st_writer_add(w, "indexer_loss", DSV4_DT_F32, 1, &one, &r->loss));
+  if (!bad && r->dx) bad = cli_lib(c, dsv4_st_writer_add(w, "dx", DSV4_DT_F32, j->x_ndim, xshape, r->dx));
+  if (!bad && r->grads) {
+    for (int i = 0; i < dsv4_weights_count(r->grads) && i < 64 && !bad; i++) {
+      dsv4_tensor t;
+      dsv4_weights_get(r->grads, i, &t);
+      snprintf(names[i], sizeof names[i], "grad.%s%s", dsv4_weights_prefix(j->w), t.name);
+      bad = cli_lib(c, dsv4_st_writer_add(w, names[i], DSV4_DT_F32, t.ndim, t.shape, t.data));
+    }
+  }
+  if (!bad) cli_lib(c, dsv4_st_writer_save(w, path));
+  dsv4_st_writer_free(w);
+}
+
+void job_result_free(job_result *r) {
+  free(r->out);
+  free(r->dx);
+  free(r->topk);
+  dsv4_weights_free(r->grads);
+  memset(r, 0, sizeof *r);
+}
+
+void job_execute(cli_ctx *c, job *j, int cp, dsv4_impl impl, job_result *r, dsv4_cp_stats *stats) {
+  dsv4_layer *l = NULL;
+  dsv4_comm *comm = NULL;
+  float *out = NULL, *dx = NULL;
+  int32_t *topk = NULL;
+  dsv4_weights *grads = NULL;
+  const int64_t d = j->cfg.dim, k = j->cfg.index_topk, n = j->n;
+  const int full = c->rank == 0, use_cp = cp && c->size > 1;
+  memset(r, 0, sizeof *r);
+  if (cli_lib(c, dsv4_layer_create(&l, &j->cfg, j->layer, j->w))) goto done;
+  dsv4_layer_set_impl(l, impl);
+  if (use_cp) {
+    if (cli_lib(c, dsv4_comm_create_mpi(&comm, c->comm))) goto done;
+    if (cli_lib(c, dsv4_cp_patch(dsv4_layer_core(l), comm, &j->cp))) goto done;
+  }
+  out = malloc(sizeof(float) * (size_t)(n * d + 1));
+  topk = j->ratio == 4 ? malloc(sizeof(int32_t) * (size_t)(n * k + 1)) : NULL;
+  if (!out || (j->ratio == 4 && !topk)) {
+    cli_error(c, "out of memory for the output");
+    goto done;
+  }
+  if (cli_lib(c, dsv4_layer_forward(l, out, topk, &r->loss, j->x, n, &j->pk, j->dout != NULL))) goto done;
+  if (j->dout) {
+    dx = malloc(sizeof(float) * (size_t)(n * d + 1));
+    if (!dx) {
+      cli_error(c, "out of memory for dx");
+      goto done;
+    }
+    if (cli_lib(c, dsv4_weights_create(&grads, &j->cfg, j->layer))) goto done;
+    if (cli_lib(c, dsv4_layer_backward(l, dx, grads, j->dout, 1.0f))) goto done;
+    if (use_cp && cli_lib(c, dsv4_cp_allreduce_grads(comm, grads))) goto done;
+  }
+  if (stats && use_cp) dsv4_cp_get_stats(dsv4_layer_core(l), stats);
+  if (full) {
+    r->out = malloc(sizeof(float) * (size_t)(j->T * d));
+    r->topk = topk ? malloc(sizeof(int32_t) * (size_t)(j->T * k)) : NULL;
+    r->dx = dx ? malloc(sizeof(float) * (size_t)(j->T * d)) : NULL;
+  }
+  job_gather_rows(c, j, out, d, sizeof(float), r->out);
+  if (topk) job_gather_rows(c, j, topk, k, sizeof(int32_t), r->topk);
+  if (dx) job_gather_rows(c, j, dx, d, sizeof(float), r->dx);
+  r->grads = grads;
+  grads = NULL;
+done:
+  dsv4_weights_free(grads);
+  free(out);
+  free(dx);
+  free(topk);
+  dsv4_layer_free(l);
+  dsv4_comm_free(comm);
+}

@@ -1,0 +1,59 @@
+/* job.h: one layer's job as the CLI sees it (SPEC 7): config, weights, the input (file or seeded
+ * random), this rank's shard of it, and the gathering and writing of results on rank 0. */
+#ifndef DSV4_JOB_H
+#define DSV4_JOB_H
+
+#include "cli.h"
+
+typedef struct {
+  const char *config, *layer, *weights, *input, *grad, *seed, *seq, *batch, *split, *preset;
+} job_opts;
+
+typedef struct {
+  dsv4_config cfg;
+  int layer, ratio;
+  uint64_t seed;
+  dsv4_weights *w;
+  /* the whole input (every rank knows the meta) */
+  int64_t T, B, S;     /* B, S set for a [B, S, d] input (batched) */
+  int x_ndim;          /* 2: [T, d], 3: [B, S, d] */
+  int32_t *cu, *real;  /* [n_docs + 1], [n_docs] */
+  int n_docs;
+  dsv4_packing pk;
+  dsv4_cp_config cp;
+  /* this rank's shard */
+  int64_t n;
+  int64_t *rows;       /* [n] global row of each local row */
+  float *x;            /* [n, d] */
+  float *dout;         /* [n, d] or NULL */
+} job;
+
+/* Loads everything on every rank; errors are recorded in c (check with cli_sync). */
+void job_load(cli_ctx *c, job *j, const job_opts *o);
+/* Re-shards the same job for another rank count (used to recompute CP = 1 on rank 0). */
+void job_reshard(cli_ctx *c, job *j, int rank, int size);
+void job_free(job *j);
+
+/* Rank 0 receives full[T, width] from every rank's local rows (placed by global row). Collective. */
+void job_gather_rows(cli_ctx *c, const job *j, const void *local, int64_t width, size_t elem, void *full);
+
+/* Results of one run, full size on rank 0. */
+typedef struct {
+  float *out, *dx;        /* [T, d] */
+  int32_t *topk;          /* [T, k] or NULL */
+  float loss;             /* indexer loss (r == 4) */
+  dsv4_weights *grads;    /* rank-summed, or NULL */
+} job_result;
+
+/* Runs the layer on this rank's shard: CP over all ranks when cp is 1 and there are several,
+ * forward, and backward when the job has dout (gradients summed over ranks). Results are gathered
+ * full size on rank 0 (r's arrays allocated there; free with job_result_free). */
+void job_execute(cli_ctx *c, job *j, int cp, dsv4_impl impl, job_result *r, dsv4_cp_stats *stats);
+void job_result_free(job_result *r);
+
+/* Writes out.safetensors on rank 0 with the names of SPEC 7. */
+void job_write(cli_ctx *c, const job *j, const job_result *r, const char *path);
+/* Rank 0: the output file can be created (so a long run does not fail at the very end). */
+void job_check_output_path(cli_ctx *c, const char *path);
+
+#endif
