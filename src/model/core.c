@@ -67,6 +67,11 @@ static dsv4_status local_gather_wait(void *st, int which) {
 
 static void local_drain(void *st) { (void)st; }
 
+static dsv4_status local_agree(void *st, const dsv4_core *c, const dsv4_packing *pk, int64_t n) {
+  (void)st, (void)c, (void)pk, (void)n;
+  return DSV4_OK;
+}
+
 static dsv4_status local_win_halo(void *st, const dsv4_layout *lay, float *kv_ext, int D) {
   (void)st, (void)lay, (void)kv_ext, (void)D;
   return DSV4_OK;
@@ -86,6 +91,7 @@ static dsv4_status local_blocks_rs(void *st, const dsv4_layout *lay, const float
 
 static const dsv4_exchange LOCAL_EXCHANGE = {
     .st = NULL,
+    .agree = local_agree,
     .layout = local_layout,
     .cmp_halo = local_cmp_halo,
     .gather_start = local_gather_start,

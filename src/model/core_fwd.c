@@ -202,6 +202,7 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
   const dsv4_kernels *K = dsv4_kernels_get(c->impl);
   dsv4_core_saved_free(sv);
   DSV4_TRY(check_args(c, a));
+  DSV4_TRY(x->agree(x->st, c, a->pk, a->n));
   DSV4_TRY(dsv4_docs_build(&sv->docs, a->pk, r));
   DSV4_TRY(x->layout(x->st, &sv->docs, a->n, c->cfg.window, &sv->lay));
   DSV4_TRY(dsv4_core_fill_tokmap(c, &sv->docs, &sv->lay, NULL));

@@ -106,6 +106,13 @@ void dsv4_weights_free(dsv4_weights *w) {
 
 float *dsv4_w(const dsv4_weights *w, dsv4_wid id) { return w->t[id].data; }
 int dsv4_weights_layer(const dsv4_weights *w) { return w->layer; }
+
+float *dsv4_weights_block(const dsv4_weights *w, int64_t *n) {
+  int64_t total = 0;
+  for (int i = 0; i < W_COUNT; i++) total += w->t[i].numel;
+  *n = total;
+  return w->block;
+}
 const dsv4_config *dsv4_weights_config(const dsv4_weights *w) { return &w->cfg; }
 const char *dsv4_weights_prefix(const dsv4_weights *w) { return w->prefix; }
 

@@ -28,6 +28,8 @@ typedef enum {
 
 /* Data of tensor id, or NULL when the layer kind has no such tensor. */
 float *dsv4_w(const dsv4_weights *w, dsv4_wid id);
+/* The one allocation behind every tensor (n floats), for whole-set reductions. */
+float *dsv4_weights_block(const dsv4_weights *w, int64_t *n);
 int dsv4_weights_layer(const dsv4_weights *w);
 const dsv4_config *dsv4_weights_config(const dsv4_weights *w);
 

@@ -561,7 +561,8 @@ def check_compare():
     expect(verdict(dict(got, topk_ids=swapped), "--loose-zero-ties") == 0, "--loose-zero-ties accepts it")
     wrong = ids.copy()
     top2 = outputs["topk_scores"][:, :2]
-    clear_gap = np.isfinite(top2).all(axis=1) & (np.abs(top2[:, 0] - top2[:, 1]) > 1e-3)
+    finite = np.isfinite(top2).all(axis=1)
+    clear_gap = finite & (np.abs(np.where(finite[:, None], top2, 0.0) @ np.array([1.0, -1.0])) > 1e-3)
     row = int(np.nonzero(clear_gap)[0][0])
     wrong[row, :2] = ids[row, 1::-1]
     expect(verdict(dict(got, topk_ids=wrong)) == 1, "compare rejects a swap of clearly different scores")

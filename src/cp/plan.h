@@ -1,0 +1,39 @@
+/* plan.h: the index arithmetic of two-stage CP, computed on the host from the global meta only
+ * (so every rank derives the same plans without talking):
+ *   - the layout of every rank: its segments, their halos, the extended-buffer row offsets, blocks;
+ *   - the gather index: global compressed id -> row of the all-gathered block buffer;
+ *   - the halo plans: which rows each rank sends to and receives from which peer, for the window
+ *     halo (raw kv rows) and the compressor halo (the previous window's 4 rows, r == 4).
+ * Worked examples are in docs/cp.md and tests/c/test_cp_plan.c. */
+#ifndef DSV4_PLAN_H
+#define DSV4_PLAN_H
+
+#include "model/core_internal.h"
+
+/* Rows one rank exchanges with one peer, in the order both sides pack them. */
+typedef struct {
+  int peer;
+  int64_t n;
+  int32_t *rows;  /* send: source rows in this rank's extended buffer; recv: destination rows */
+} cp_msg;
+
+typedef struct {
+  int n_send, n_recv;
+  cp_msg *send, *recv;
+  int64_t n_self;             /* halo rows this rank holds itself (zigzag, batched) */
+  int32_t *self_src, *self_dst;
+} cp_plan;
+
+void cp_plan_free(cp_plan *p);
+
+/* Layout of rank `rank` of `size` (segments from the split, halos, offsets; gather index when
+ * with_gather). Halos: window halo = min(t0, W - 1) rows for a segment whose first token (doc-local
+ * t0) is real, else 0; compressor halo (r == 4) when the first block is slot j > 0 of a document. */
+dsv4_status cp_layout(const dsv4_docs *docs, const dsv4_packing *pk, dsv4_split split, int rank, int size,
+                      int W, int with_gather, dsv4_layout *lay);
+
+/* Halo plans of rank `me`, given every rank's layout (lays[0..size)). */
+dsv4_status cp_plan_window(const dsv4_layout *lays, int size, int me, cp_plan *p);
+dsv4_status cp_plan_compressor(const dsv4_layout *lays, int size, int me, cp_plan *p);
+
+#endif
