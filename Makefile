@@ -28,6 +28,8 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(wildcard tests/c/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
+MPITEST_SRC := $(wildcard tests/c/mpitest_*.c)
+TEST_BIN += $(MPITEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 
 .PHONY: all deps test test-fast test-asan demo bench install clean
 all: $(BUILD)/libdsv4cp.a $(BUILD)/libdsv4cp.so $(BUILD)/dsv4cp $(TEST_BIN)

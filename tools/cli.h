@@ -12,7 +12,8 @@
 
 typedef struct {
   int rank, size;
-  MPI_Comm comm;
+  MPI_Comm comm;      /* the CLI's own data collectives (gathers, timings) */
+  MPI_Comm sync_comm; /* only for cli_sync: never confused with a collective another rank is in */
   char err[CLI_MSG_LEN]; /* this rank's first error, empty when none */
 } cli_ctx;
 
@@ -21,8 +22,9 @@ void cli_error(cli_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2
 /* Records the library's last error for status rc (no-op when rc is DSV4_OK); returns rc != OK. */
 int cli_lib(cli_ctx *c, dsv4_status rc);
 /* Collective: 1 when any rank has recorded an error. Then every rank holds the message of the
- * lowest failing rank in c->err and has printed it. A rank that never arrives (stuck elsewhere)
- * makes the others abort the job after CLI_SYNC_TIMEOUT seconds instead of waiting forever. */
+ * lowest failing rank in c->err and has printed it. When a failing rank's peers do not arrive
+ * (blocked in a message that will never come) it aborts the job after CLI_SYNC_TIMEOUT seconds
+ * instead of waiting forever. */
 int cli_sync(cli_ctx *c);
 /* Prints this rank's error and aborts the whole job (for failures inside collective work, where
  * the other ranks may be blocked in a message that will never come). */

@@ -1,8 +1,5 @@
 /* TEMPORARY: commands not yet written. */
 #include "cli.h"
 #define PENDING(name) int name(cli_ctx *c, int argc, char **argv) { (void)argc, (void)argv; cli_error(c, #name " not built yet"); return cli_sync(c); }
-PENDING(cmd_demo)
-PENDING(cmd_check)
-PENDING(cmd_train)
 PENDING(cmd_bench)
 PENDING(cmd_plan)

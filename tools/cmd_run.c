@@ -35,21 +35,13 @@ int cmd_run(cli_ctx *c, int argc, char **argv) {
   job_opts o = {0};
   const char *output = NULL, *threads = NULL;
   int stats = 0, naive = 0;
-  const cli_opt opts[] = {
-      {"config", "FILE", "Hugging Face style config.json (required)", &o.config, NULL},
-      {"layer", "L", "layer index; its compress ratio picks the layer kind (required)", &o.layer, NULL},
-      {"weights", "FILE", "safetensors with the layer's tensors (default: random from --seed)", &o.weights, NULL},
-      {"input", "FILE", "safetensors with x [T, d] (+ cu_seqlens, seqlens_real) or x [B, S, d]", &o.input, NULL},
-      {"grad-output", "FILE", "safetensors with dout (shape of out): run the backward too", &o.grad, NULL},
-      {"output", "FILE", "where rank 0 writes the results (required)", &output, NULL},
-      {"seed", "S", "seed of random weights and input (default 0)", &o.seed, NULL},
-      {"seq", "S", "random input: tokens per sequence (default 256)", &o.seq, NULL},
-      {"batch", "B", "random input: B sequences of --seq tokens, as [B, S, d]", &o.batch, NULL},
-      {"split", "MODE", "CP split: contiguous (default) or zigzag", &o.split, NULL},
-      {"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL},
-      {"stats", NULL, "print bytes and time per message kind and rank (CP)", NULL, &stats},
-      {"naive", NULL, "use the naive reference path for every operator and product", NULL, &naive},
-      {NULL, NULL, NULL, NULL, NULL}};
+  cli_opt opts[24];
+  int k = job_common_opts(&o, opts);
+  opts[k++] = (cli_opt){"output", "FILE", "where rank 0 writes the results (required)", &output, NULL};
+  opts[k++] = (cli_opt){"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL};
+  opts[k++] = (cli_opt){"stats", NULL, "print bytes and time per message kind and rank (CP)", NULL, &stats};
+  opts[k++] = (cli_opt){"naive", NULL, "use the naive reference path for every operator and product", NULL, &naive};
+  opts[k] = (cli_opt){0};
   int p = cli_parse(c, argc, argv, 2, opts, USAGE);
   if (p == 1) return 0;
   if (p == 0 && !output) cli_error(c, "--output is required");
@@ -64,7 +56,7 @@ int cmd_run(cli_ctx *c, int argc, char **argv) {
   }
   job_result r;
   dsv4_cp_stats st = {0};
-  job_execute(c, &j, 1, naive ? DSV4_IMPL_NAIVE : DSV4_IMPL_FAST, &r, &st);
+  job_execute(c, &j, 1, naive ? JOB_NAIVE : JOB_FAST, &r, &st);
   if (!cli_sync(c)) {
     job_write(c, &j, &r, output);
     if (!cli_sync(c) && stats && c->size > 1) print_stats(c, &st);

@@ -62,7 +62,9 @@ int main(int argc, char **argv) {
   cli_ctx c = {.comm = MPI_COMM_WORLD};
   MPI_Comm_rank(c.comm, &c.rank);
   MPI_Comm_size(c.comm, &c.size);
+  MPI_Comm_dup(MPI_COMM_WORLD, &c.sync_comm);
   int rc = fn(&c, argc, argv);
+  MPI_Comm_free(&c.sync_comm);
   MPI_Finalize();
   return rc;
 }

@@ -15,6 +15,24 @@
 
 #define DEFAULT_SEQ 256
 #define RANDOM_X_STREAM "input.x"
+#define RANDOM_DOUT_STREAM "input.dout"
+
+int job_common_opts(job_opts *o, cli_opt *opts) {
+  const cli_opt common[] = {
+      {"config", "FILE", "Hugging Face style config.json (required unless --preset)", &o->config, NULL},
+      {"preset", "NAME", "built-in config instead of --config: flash, pro or tiny", &o->preset, NULL},
+      {"layer", "L", "layer index; its compress ratio picks the layer kind (required)", &o->layer, NULL},
+      {"weights", "FILE", "safetensors with the layer's tensors (default: random from --seed)", &o->weights, NULL},
+      {"input", "FILE", "safetensors with x [T, d] (+ cu_seqlens, seqlens_real) or x [B, S, d]", &o->input, NULL},
+      {"grad-output", "FILE", "safetensors with dout (shape of out): run the backward too", &o->grad, NULL},
+      {"seed", "S", "seed of random weights and input (default 0)", &o->seed, NULL},
+      {"seq", "S", "random input: tokens per sequence (default 256)", &o->seq, NULL},
+      {"batch", "B", "random input: B sequences of --seq tokens, as [B, S, d]", &o->batch, NULL},
+      {"split", "MODE", "CP split: contiguous (default) or zigzag", &o->split, NULL}};
+  const int n = (int)(sizeof common / sizeof common[0]);
+  for (int i = 0; i < n; i++) opts[i] = common[i];
+  return n;
+}
 
 static void load_config(cli_ctx *c, job *j, const job_opts *o) {
   int64_t v;
@@ -198,6 +216,19 @@ static void load_grad(cli_ctx *c, job *j, const job_opts *o) {
   dsv4_st_close(g);
 }
 
+/* This rank's rows of a seeded random [T, d] tensor: element (g, e) depends only on (seed, g, e). */
+static float *random_rows(cli_ctx *c, const job *j, const char *stream_name) {
+  const int64_t d = j->cfg.dim;
+  float *v = malloc(sizeof(float) * (size_t)(j->n * d + 1));
+  if (!v) {
+    cli_error(c, "out of memory for %s", stream_name);
+    return NULL;
+  }
+  const uint64_t stream = dsv4_name_stream(stream_name);
+  for (int64_t i = 0; i < j->n; i++) dsv4_random_fill(v + i * d, d, j->seed, stream, j->rows[i] * d, 1.0f);
+  return v;
+}
+
 void job_load(cli_ctx *c, job *j, const job_opts *o) {
   dsv4_st_file *f = NULL;
   const dsv4_st_info *xi = NULL;
@@ -208,17 +239,14 @@ void job_load(cli_ctx *c, job *j, const job_opts *o) {
   if (!c->err[0]) build_packing(c, j);
   if (!c->err[0]) job_reshard(c, j, c->rank, c->size);
   if (!c->err[0]) {
-    const int64_t d = j->cfg.dim;
     if (f) {
       j->x = read_rows(c, j, f, xi, "x");
-    } else if (!(j->x = malloc(sizeof(float) * (size_t)(j->n * d + 1)))) {
-      cli_error(c, "out of memory for x");
     } else {
-      const uint64_t stream = dsv4_name_stream(RANDOM_X_STREAM);
-      for (int64_t i = 0; i < j->n; i++) dsv4_random_fill(j->x + i * d, d, j->seed, stream, j->rows[i] * d, 1.0f);
+      j->x = random_rows(c, j, RANDOM_X_STREAM);
     }
   }
   if (!c->err[0] && o->grad) load_grad(c, j, o);
+  if (!c->err[0] && !o->grad && o->random_dout) j->dout = random_rows(c, j, RANDOM_DOUT_STREAM);
   dsv4_st_close(f);
 }
 
@@ -297,7 +325,7 @@ void job_result_free(job_result *r) {
   memset(r, 0, sizeof *r);
 }
 
-void job_execute(cli_ctx *c, job *j, int cp, dsv4_impl impl, job_result *r, dsv4_cp_stats *stats) {
+void job_execute(cli_ctx *c, job *j, int cp, job_path path, job_result *r, dsv4_cp_stats *stats) {
   dsv4_layer *l = NULL;
   dsv4_comm *comm = NULL;
   float *out = NULL, *dx = NULL;
@@ -307,7 +335,8 @@ void job_execute(cli_ctx *c, job *j, int cp, dsv4_impl impl, job_result *r, dsv4
   const int full = c->rank == 0, use_cp = cp && c->size > 1;
   memset(r, 0, sizeof *r);
   if (cli_lib(c, dsv4_layer_create(&l, &j->cfg, j->layer, j->w))) goto done;
-  dsv4_layer_set_impl(l, impl);
+  dsv4_layer_set_impl(l, path == JOB_NAIVE ? DSV4_IMPL_NAIVE : DSV4_IMPL_FAST);
+  if (path == JOB_NAIVE_OPS) dsv4_core_set_impl(dsv4_layer_core(l), DSV4_IMPL_NAIVE);
   if (use_cp) {
     if (cli_lib(c, dsv4_comm_create_mpi(&comm, c->comm))) goto done;
     if (cli_lib(c, dsv4_cp_patch(dsv4_layer_core(l), comm, &j->cp))) goto done;
@@ -318,7 +347,10 @@ void job_execute(cli_ctx *c, job *j, int cp, dsv4_impl impl, job_result *r, dsv4
     cli_error(c, "out of memory for the output");
     goto done;
   }
+  MPI_Barrier(c->comm);
+  double t0 = MPI_Wtime();
   if (cli_lib(c, dsv4_layer_forward(l, out, topk, &r->loss, j->x, n, &j->pk, j->dout != NULL))) goto done;
+  r->fwd_seconds = MPI_Wtime() - t0;
   if (j->dout) {
     dx = malloc(sizeof(float) * (size_t)(n * d + 1));
     if (!dx) {
@@ -326,9 +358,15 @@ void job_execute(cli_ctx *c, job *j, int cp, dsv4_impl impl, job_result *r, dsv4
       goto done;
     }
     if (cli_lib(c, dsv4_weights_create(&grads, &j->cfg, j->layer))) goto done;
+    t0 = MPI_Wtime();
     if (cli_lib(c, dsv4_layer_backward(l, dx, grads, j->dout, 1.0f))) goto done;
     if (use_cp && cli_lib(c, dsv4_cp_allreduce_grads(comm, grads))) goto done;
+    r->bwd_seconds = MPI_Wtime() - t0;
   }
+  double times[2] = {r->fwd_seconds, r->bwd_seconds};
+  MPI_Allreduce(MPI_IN_PLACE, times, 2, MPI_DOUBLE, MPI_MAX, c->comm);
+  r->fwd_seconds = times[0];
+  r->bwd_seconds = times[1];
   if (stats && use_cp) dsv4_cp_get_stats(dsv4_layer_core(l), stats);
   if (full) {
     r->out = malloc(sizeof(float) * (size_t)(j->T * d));

@@ -7,6 +7,7 @@
 
 typedef struct {
   const char *config, *layer, *weights, *input, *grad, *seed, *seq, *batch, *split, *preset;
+  int random_dout; /* without grad: dout from the seed (check, demo) */
 } job_opts;
 
 typedef struct {
@@ -28,6 +29,9 @@ typedef struct {
   float *dout;         /* [n, d] or NULL */
 } job;
 
+/* Writes the options every layer command shares into opts (returns how many; at most 16). */
+int job_common_opts(job_opts *o, cli_opt *opts);
+
 /* Loads everything on every rank; errors are recorded in c (check with cli_sync). */
 void job_load(cli_ctx *c, job *j, const job_opts *o);
 /* Re-shards the same job for another rank count (used to recompute CP = 1 on rank 0). */
@@ -43,12 +47,14 @@ typedef struct {
   int32_t *topk;          /* [T, k] or NULL */
   float loss;             /* indexer loss (r == 4) */
   dsv4_weights *grads;    /* rank-summed, or NULL */
+  double fwd_seconds, bwd_seconds; /* wall time of the layer calls (max over ranks) */
 } job_result;
 
 /* Runs the layer on this rank's shard: CP over all ranks when cp is 1 and there are several,
  * forward, and backward when the job has dout (gradients summed over ranks). Results are gathered
  * full size on rank 0 (r's arrays allocated there; free with job_result_free). */
-void job_execute(cli_ctx *c, job *j, int cp, dsv4_impl impl, job_result *r, dsv4_cp_stats *stats);
+typedef enum { JOB_FAST = 0, JOB_NAIVE, JOB_NAIVE_OPS /* naive operators, BLAS products */ } job_path;
+void job_execute(cli_ctx *c, job *j, int cp, job_path path, job_result *r, dsv4_cp_stats *stats);
 void job_result_free(job_result *r);
 
 /* Writes out.safetensors on rank 0 with the names of SPEC 7. */

@@ -1,0 +1,94 @@
+/* mpitest_cp_agree.c: run under mpirun (tests/test_cp.py). Ranks that disagree on their inputs
+ * (packing meta, local row count, configuration) must ALL get DSV4_ERR_COMM from the patched
+ * layer with a message saying what differs, and nobody may hang; afterwards a consistent call
+ * works. Rank 0 prints one PASS/FAIL line per case for the whole group. */
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsv4cp_mpi.h"
+#include "testutil.h"
+
+#define T_TOKENS 32
+
+typedef struct {
+  dsv4_config cfg;
+  dsv4_weights *w;
+  dsv4_layer *l;
+  dsv4_comm *comm;
+} setup;
+
+static int make(setup *s, int window, MPI_Comm world) {
+  memset(s, 0, sizeof *s);
+  dsv4_config_preset(&s->cfg, "tiny");
+  s->cfg.window = window;
+  return dsv4_weights_create(&s->w, &s->cfg, 1) == DSV4_OK && dsv4_weights_init_random(s->w, 7) == DSV4_OK &&
+         dsv4_layer_create(&s->l, &s->cfg, 1, s->w) == DSV4_OK && dsv4_comm_create_mpi(&s->comm, world) == DSV4_OK &&
+         dsv4_cp_patch(dsv4_layer_core(s->l), s->comm, NULL) == DSV4_OK;
+}
+
+static void destroy(setup *s) {
+  dsv4_layer_free(s->l);
+  dsv4_weights_free(s->w);
+  dsv4_comm_free(s->comm);
+}
+
+/* One forward with this rank's (possibly different) inputs; returns the status. */
+static dsv4_status forward(setup *s, const int32_t *cu, int n_docs, int64_t n_local, char *msg) {
+  float *x = calloc((size_t)(n_local * s->cfg.dim), sizeof(float));
+  float *out = calloc((size_t)(n_local * s->cfg.dim), sizeof(float));
+  int32_t *topk = calloc((size_t)(n_local * s->cfg.index_topk), sizeof(int32_t));
+  float loss = 0;
+  tu_fill(x, n_local * s->cfg.dim, 3, 1.0f);
+  dsv4_packing pk = {.cu_seqlens = cu, .n_docs = n_docs, .T = T_TOKENS};
+  dsv4_status st = dsv4_layer_forward(s->l, out, topk, &loss, x, n_local, &pk, 0);
+  snprintf(msg, 256, "%s", st == DSV4_OK ? "ok" : dsv4_last_error());
+  free(x), free(out), free(topk);
+  return st;
+}
+
+/* Rank 0 reports whether every rank got `want` and its message contains `needle`. */
+static void verdict(const char *name, dsv4_status st, const char *msg, dsv4_status want, const char *needle,
+                    int rank, int size) {
+  int mine = st == want && (!needle || strstr(msg, needle)), all = 0;
+  MPI_Reduce(&mine, &all, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+  if (rank == 0) tu_check(all == size, "%s: %d of %d ranks got the expected result (rank 0: %s)", name, all, size, msg);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int rank, size;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  setup s;
+  char msg[256];
+  const int64_t L = T_TOKENS / size;
+  int ok = make(&s, 16, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!ok) {
+    if (rank == 0) tu_fail("set-up: %s", dsv4_last_error());
+    MPI_Finalize();
+    return rank == 0 ? tu_finish() : 1;
+  }
+  /* T = 32 splits over 2 or 4 ranks with L % 4 == 0; over 3 it does not, which is also a
+   * consistent error; the cases below only need the ranks to disagree. */
+  const int32_t cu_a[3] = {0, 16, 32}, cu_b[3] = {0, 8, 32};
+  dsv4_status st = forward(&s, rank == 0 ? cu_a : cu_b, 2, L, msg);
+  verdict("ranks disagree on cu_seqlens", st, msg, DSV4_ERR_COMM, "packing", rank, size);
+  st = forward(&s, cu_a, 2, rank == size - 1 ? L + 4 : L, msg);
+  verdict("ranks hold different row counts", st, msg, DSV4_ERR_COMM, "local rows", rank, size);
+  destroy(&s);
+  make(&s, rank == 0 ? 16 : 8, MPI_COMM_WORLD); /* rank 0 has another sliding window */
+  st = forward(&s, cu_a, 2, L, msg);
+  verdict("ranks disagree on the configuration", st, msg, DSV4_ERR_COMM, "configuration", rank, size);
+  destroy(&s);
+  make(&s, 16, MPI_COMM_WORLD);
+  st = forward(&s, cu_a, 2, L, msg);
+  if (T_TOKENS % size == 0 && (T_TOKENS / size) % 4 == 0)
+    verdict("consistent inputs afterwards succeed", st, msg, DSV4_OK, NULL, rank, size);
+  else
+    verdict("an indivisible split fails on every rank", st, msg, DSV4_ERR_ARG, "divisible", rank, size);
+  destroy(&s);
+  MPI_Finalize();
+  return rank == 0 ? tu_finish() : 0;
+}

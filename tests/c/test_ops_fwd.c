@@ -1,0 +1,677 @@
+/* test_ops_fwd.c: forward checks of the operators in src/ops (the backward ones are in
+ * test_ops_grad.c): fast vs naive reference on many shapes and edge cases (rmsnorm, rope,
+ * compressor r = 4 and 128, lightning indexer, sparse attention, KL loss), the top-k contract
+ * (ties to the smaller id, (score desc, id asc), -1 / -INFINITY padding), position invariance of
+ * the fast kernels (a query's bits do not depend on the other queries of the call: what makes
+ * CP = N bitwise equal to CP = 1), the two-phase sparse attention, and argument validation.
+ *
+ * Tolerances (fast fp32 vs naive double) are bounds of the form (number of fp32 terms summed) x
+ * 2^-24 x (magnitude of the terms), stated at each check; a few fp32 roundings per term are covered
+ * by a small constant factor. */
+#include "ops_fixtures.h"
+#include "ops/rmsnorm.h"
+#include "ops/sparse_attn.h"
+#include "util/gemm.h"
+
+/* ============================================================================================
+ * RMSNorm and RoPE
+ * ========================================================================================== */
+/* RMSNorm vs the formula in double. The sum of squares is double in both; then 1/rms, v*s and *w
+ * are three fp32 roundings, so 4u relative to max|y| bounds the difference. */
+static void test_rmsnorm(void) {
+  static const int NS[] = {1, 7, 64, 513};
+  for (size_t c = 0; c < sizeof NS / sizeof NS[0]; c++)
+    for (int with_w = 0; with_w < 2; with_w++) {
+      const int n = NS[c];
+      const double eps = 1e-6;
+      float *v = FALLOC(n), *w = FALLOC(n), *y = FALLOC(n), *ref = FALLOC(n);
+      tu_fill(v, n, 100 + c, 3.0f);
+      tu_fill(w, n, 200 + c, 1.0f);
+      double ss = 0;
+      for (int i = 0; i < n; i++) ss += (double)v[i] * v[i];
+      const double inv = 1.0 / sqrt(ss / n + eps);
+      for (int i = 0; i < n; i++) ref[i] = (float)(v[i] * inv * (with_w ? w[i] : 1.0));
+      const float s = dsv4_rmsnorm_row(y, v, with_w ? w : NULL, n, eps);
+      char name[128];
+      snprintf(name, sizeof name, "rmsnorm vs formula: n=%d %s", n, with_w ? "weight" : "no weight");
+      tu_close(name, y, ref, n, 4 * U32, 0.0);
+      tu_check(s == dsv4_rms_inv(v, n, eps), "rmsnorm: returned scale == dsv4_rms_inv, n=%d", n);
+      dsv4_rmsnorm_row(v, v, with_w ? w : NULL, n, eps); /* in place */
+      tu_check(!memcmp(v, y, sizeof(float) * n), "rmsnorm: in place (y == v) same bits, n=%d", n);
+      free(v); free(w); free(y); free(ref);
+    }
+}
+
+/* SPEC 3 frequencies, written out again independently of rope.c. */
+static double spec_freq(const dsv4_config *c, int ratio, int i) {
+  const int R = c->rope_dim;
+  const double theta = ratio > 0 ? c->compress_rope_theta : c->rope_theta;
+  const double f = pow(theta, -2.0 * i / R), L0 = c->rope_orig_max_pos;
+  if (ratio == 0 || L0 <= 0) return f;
+  const double cf = R * log(L0 / (c->beta_fast * 2 * M_PI)) / (2 * log(theta));
+  const double cs = R * log(L0 / (c->beta_slow * 2 * M_PI)) / (2 * log(theta));
+  const double lo = fmax(floor(cf), 0), hi = fmin(ceil(cs), R - 1);
+  const double ramp = fmin(fmax((i - lo) / (hi == lo ? 0.001 : hi - lo), 0), 1);
+  return f / c->rope_factor * ramp + f * (1 - ramp);
+}
+
+/* RoPE: frequencies vs SPEC (both double: 1e-12), rotation vs double rotation at positions past
+ * the table's first growth. Float cos/sin (u/2 each), two products and a sum: <= 4.5u max|v|,
+ * checked at 8u. Untouched leading dims, position 0 and rotate-then-inverse are exact or 8u. */
+static void test_rope(void) {
+  static const int RATIOS[] = {0, 4, 128}, RS[] = {2, 16, 64}, POS[] = {0, 1, 37, 1000, 4095};
+  dsv4_config cfg;
+  dsv4_config_preset(&cfg, "tiny");
+  for (int a = 0; a < 3; a++)
+    for (int b = 0; b < 3; b++) {
+      const int ratio = RATIOS[a], R = RS[b], dim = R + 6;
+      dsv4_rope rope;
+      cfg.rope_dim = R;
+      rope_make(&rope, R, ratio, 4096);
+      double fe = 0;
+      for (int i = 0; i < R / 2; i++) fe = fmax(fe, fabs(rope.freq[i] / spec_freq(&cfg, ratio, i) - 1));
+      tu_check(fe <= 1e-12, "rope frequencies vs SPEC: r=%d R=%d (max rel err %.3g)", ratio, R, fe);
+      float *v = FALLOC(dim), *x = FALLOC(dim), *ref = FALLOC(dim);
+      for (size_t k = 0; k < sizeof POS / sizeof POS[0]; k++) {
+        const int pos = POS[k];
+        tu_fill(v, dim, 300 + k, 1.0f);
+        memcpy(x, v, sizeof(float) * dim);
+        memcpy(ref, v, sizeof(float) * dim);
+        for (int i = 0; i < R / 2; i++) {
+          const double ang = pos * spec_freq(&cfg, ratio, i), va = v[dim - R + 2 * i], vb = v[dim - R + 2 * i + 1];
+          ref[dim - R + 2 * i] = (float)(va * cos(ang) - vb * sin(ang));
+          ref[dim - R + 2 * i + 1] = (float)(va * sin(ang) + vb * cos(ang));
+        }
+        dsv4_rope_apply(&rope, x, dim, pos, 0);
+        char name[96];
+        snprintf(name, sizeof name, "rope vs double rotation: r=%d R=%d pos=%d", ratio, R, pos);
+        tu_close(name, x, ref, dim, 8 * U32, 1.0);
+        int ok = !memcmp(x, v, sizeof(float) * (dim - R)) && (pos || !memcmp(x, v, sizeof(float) * dim));
+        tu_check(ok, "rope: leading %d dims untouched%s, r=%d R=%d pos=%d", dim - R,
+                 pos ? "" : " and position 0 exact", ratio, R, pos);
+        dsv4_rope_apply(&rope, x, dim, pos, 1);
+        snprintf(name, sizeof name, "rope: inverse undoes rotation: r=%d R=%d pos=%d", ratio, R, pos);
+        tu_close(name, x, v, dim, 8 * U32, 1.0);
+      }
+      free(v); free(x); free(ref);
+      dsv4_rope_free(&rope);
+    }
+}
+
+/* ============================================================================================
+ * Compressor
+ * ========================================================================================== */
+
+/* Fast vs naive. Pooling sums n_rows (8 or 4 for r = 4, 128) fp32 terms with expf (fast) against
+ * double (naive): |error| <= ~2 n_rows u max|C|; RMSNorm divides by rms(pooled), multiplying the
+ * relative error by max|C| / rms(pooled) (computed); RoPE adds 8u. Unmapped out rows keep their
+ * contents; prev_row NULL and all -1 are the same; out_row only moves rows (same bits). */
+static void test_compressor(void) {
+  char d[128], name[256];
+  for (int c = 0; c < N_CMP_CASES; c++) {
+    cmp_prob P;
+    cmp_make(&P, &CMP_CASES[c]);
+    cmp_desc(&P, d, sizeof d);
+    const int64_t n_out = P.rows_out * P.sp.D;
+    const int n_rows = P.sp.ratio == 4 ? (P.prev_row ? 8 : 4) : 128;
+    float *fast = FALLOC(n_out), *ref = FALLOC(n_out);
+    for (int64_t i = 0; i < n_out; i++) P.out[i] = 7.0f; /* sentinel for rows no slot writes */
+    tu_ok(dsv4_compress(&P.a), "dsv4_compress");
+    memcpy(fast, P.out, sizeof(float) * n_out);
+    for (int64_t i = 0; i < n_out; i++) P.out[i] = 7.0f;
+    tu_ok(dsv4_compress_ref(&P.a), "dsv4_compress_ref");
+    memcpy(ref, P.out, sizeof(float) * n_out);
+    const double tol = 4 * n_rows * U32 * cmp_amplification(&P) + 8 * U32;
+    snprintf(name, sizeof name, "compressor fast vs naive: %s", d);
+    tu_close(name, fast, ref, n_out, tol, 1.0);
+    if (P.out_row) {
+      int untouched = 1;
+      for (int64_t i = 0; i < n_out; i += 2 * P.sp.D)
+        for (int e = 0; e < P.sp.D; e++) untouched &= fast[i + e] == 7.0f && ref[i + e] == 7.0f;
+      tu_check(untouched, "compressor: rows outside out_row untouched (fast, naive): %s", d);
+      cmp_spec sp = CMP_CASES[c];
+      sp.out_map = 0;
+      cmp_prob U;
+      cmp_make(&U, &sp);
+      tu_ok(dsv4_compress(&U.a), "dsv4_compress");
+      int same = 1;
+      for (int64_t s = 0; s < P.sp.n_slots; s++)
+        same &= !memcmp(U.out + s * P.sp.D, fast + (int64_t)P.out_row[s] * P.sp.D, sizeof(float) * P.sp.D);
+      tu_check(same, "compressor: out_row map moves slot rows, same bits: %s", d);
+      cmp_free(&U);
+    }
+    if (P.sp.ratio == 4 && P.sp.prev != PREV_ROWS) {
+      cmp_spec sp = CMP_CASES[c];
+      sp.prev = sp.prev == PREV_NULL ? PREV_ALL_NONE : PREV_NULL;
+      cmp_prob U;
+      cmp_make(&U, &sp);
+      for (int64_t i = 0; i < n_out; i++) U.out[i] = 7.0f;
+      tu_ok(dsv4_compress(&U.a), "dsv4_compress");
+      snprintf(name, sizeof name, "compressor: prev_row NULL == all -1 (same bits): %s", d);
+      check_bits(U.out, fast, sizeof(float) * n_out, name);
+      cmp_free(&U);
+    }
+    free(fast); free(ref);
+    cmp_free(&P);
+  }
+}
+
+/* ============================================================================================
+ * Lightning indexer and the top-k contract
+ * ========================================================================================== */
+static const idx_spec IDX_CASES[] = {
+    /* S1 C Hi Di topk empty_every exact seed */
+    {1, 1, 1, 8, 1, 0, 0, 1},       /* one token, one key */
+    {9, 13, 4, 16, 5, 3, 0, 2},     /* some empty visible sets */
+    {6, 5, 2, 8, 12, 0, 0, 3},      /* topk larger than every visible set */
+    {20, 64, 1, 32, 8, 4, 0, 4},    /* one head */
+    {7, 0, 2, 8, 4, 0, 0, 5},       /* C = 0: nothing visible anywhere */
+    {3, 1500, 4, 16, 40, 0, 0, 6},  /* more keys than one KEY_CHUNK (1024) */
+    {30, 200, 8, 32, 16, 5, 0, 7},
+    {25, 300, 2, 4, 17, 0, 1, 8},   /* exact scores, few distinct values: many ties */
+    {12, 40, 1, 2, 9, 0, 1, 9},     /* exact, one head: about half the scores are ReLU zeros */
+};
+#define N_IDX_CASES (int)(sizeof IDX_CASES / sizeof IDX_CASES[0])
+
+/* I[p, row] in double, and the same sum of absolute values (its rounding-error scale). */
+static double index_score(const idx_prob *P, int64_t p, int64_t row, double *absval) {
+  const int Hi = P->sp.Hi, Di = P->sp.Di;
+  double s = 0, sa = 0;
+  for (int h = 0; h < Hi; h++) {
+    double d = 0, da = 0;
+    for (int e = 0; e < Di; e++) {
+      const double t = (double)P->q_idx[(p * Hi + h) * Di + e] * P->k_idx[row * Di + e];
+      d += t;
+      da += fabs(t);
+    }
+    s += P->weights[p * Hi + h] * (d > 0 ? d : 0);
+    sa += fabs(P->weights[p * Hi + h]) * da;
+  }
+  if (absval) *absval = sa;
+  return s;
+}
+
+/* The top-k contract on one implementation, judged by its own scores: the full list (topk >= every
+ * visible count) holds each visible row once, ordered by (score desc, row asc), then -1 / -INFINITY;
+ * the top-k list is its prefix, same bits, padded the same way. Returns the number of bad queries. */
+static int topk_contract_errors(const idx_prob *P, const int32_t *ids, const float *sc,
+                                const int32_t *idf, const float *scf, int full) {
+  const int k = P->sp.topk;
+  int bad = 0;
+  char *seen = xalloc((size_t)P->sp.C + 1, 1);
+  for (int64_t p = 0; p < P->sp.S1; p++) {
+    const int n = P->vis_count[p], b = P->vis_begin[p];
+    int ok = 1;
+    memset(seen, 0, (size_t)P->sp.C + 1);
+    for (int j = 0; j < full; j++) {
+      const int32_t id = idf[p * full + j];
+      const float s = scf[p * full + j];
+      if (j >= n) { ok &= id == -1 && isinf(s) && s < 0; continue; }
+      ok &= id >= b && id < b + n && !seen[id];
+      if (id >= b && id < b + n) seen[id] = 1;
+      if (j > 0) ok &= scf[p * full + j - 1] > s || (scf[p * full + j - 1] == s && idf[p * full + j - 1] < id);
+    }
+    for (int j = 0; j < k; j++)
+      ok &= j < n ? ids[p * k + j] == idf[p * full + j] && !memcmp(&sc[p * k + j], &scf[p * full + j], 4)
+                  : ids[p * k + j] == -1 && isinf(sc[p * k + j]) && sc[p * k + j] < 0;
+    if (!ok && bad++ == 0) printf("    first bad query: %lld (visible %d from %d)\n", (long long)p, n, b);
+  }
+  free(seen);
+  return bad;
+}
+
+/* Runs one implementation with the case's topk and with topk = full; checks the contract. */
+static void run_topk(idx_prob *P, dsv4_status (*fn)(const dsv4_indexer_args *), int full,
+                     int32_t *ids, float *sc, int32_t *idf, float *scf, const char *impl, const char *d) {
+  const int64_t n = P->sp.S1 * P->sp.topk;
+  for (int64_t i = 0; i < n; i++) { P->ids[i] = 12345; P->scores[i] = 7.0f; } /* overwritten */
+  tu_ok(fn(&P->a), impl);
+  memcpy(ids, P->ids, sizeof(int32_t) * n);
+  memcpy(sc, P->scores, sizeof(float) * n);
+  dsv4_indexer_args a = P->a;
+  a.topk = full;
+  a.topk_ids = idf;
+  a.topk_scores = scf;
+  tu_ok(fn(&a), impl);
+  int bad = topk_contract_errors(P, ids, sc, idf, scf, full);
+  tu_check(!bad, "indexer %s top-k contract (order score desc/id asc, ties to smaller id, -1/-inf "
+           "padding, prefix of full list): %s (%d bad queries)", impl, d, bad);
+}
+
+/* Fast vs naive. Scores: the fast path sums Di fp32 products (BLAS), then Hi weighted ReLU terms;
+ * the naive one is double rounded once: |diff| <= (Di + Hi + 2) u sum_h |w| sum_e |q k| per query,
+ * checked at twice that. Sorted score lists differ by at most that (order statistics are
+ * 1-Lipschitz); ids may differ only where the naive scores of the two choices are that close.
+ * Exact cases: same bits, and the naive scores equal the exact value. */
+static void test_indexer(void) {
+  char d[128];
+  for (int c = 0; c < N_IDX_CASES; c++) {
+    idx_prob P;
+    idx_make(&P, &IDX_CASES[c]);
+    const idx_spec *s = &P.sp;
+    const int k = s->topk;
+    int full = 1;
+    for (int64_t p = 0; p < s->S1; p++) full = P.vis_count[p] > full ? P.vis_count[p] : full;
+    snprintf(d, sizeof d, "S1=%lld C=%lld Hi=%d Di=%d topk=%d%s", (long long)s->S1, (long long)s->C,
+             s->Hi, s->Di, k, s->exact ? " exact" : "");
+    const int64_t n = s->S1 * k, nf = s->S1 * full;
+    int32_t *idF = IALLOC(n), *idN = IALLOC(n), *fF = IALLOC(nf), *fN = IALLOC(nf);
+    float *scF = FALLOC(n), *scN = FALLOC(n), *sfF = FALLOC(nf), *sfN = FALLOC(nf);
+    run_topk(&P, dsv4_lightning_indexer, full, idF, scF, fF, sfF, "fast", d);
+    run_topk(&P, dsv4_lightning_indexer_ref, full, idN, scN, fN, sfN, "naive", d);
+    int bad_sc = 0, bad_id = 0, bad_exact = 0;
+    for (int64_t p = 0; p < s->S1; p++) {
+      double amax = 0, a;
+      for (int j = 0; j < P.vis_count[p]; j++) {
+        index_score(&P, p, P.vis_begin[p] + j, &a);
+        amax = fmax(amax, a);
+      }
+      const double tol = 2 * (s->Di + s->Hi + 2) * U32 * amax;
+      for (int j = 0; j < k && j < P.vis_count[p]; j++) {
+        const int64_t i = p * k + j;
+        bad_sc += s->exact ? memcmp(&scF[i], &scN[i], 4) != 0 : !(fabs(scF[i] - scN[i]) <= tol);
+        if (idF[i] == idN[i]) continue;
+        if (s->exact) { bad_id++; continue; }
+        double sf = index_score(&P, p, idF[i], NULL); /* naive-precision score of fast's choice */
+        bad_id += !(fabs(sf - scN[i]) <= 2 * tol);
+      }
+      for (int j = 0; s->exact && j < P.vis_count[p]; j++)
+        bad_exact += (double)sfN[p * full + j] != index_score(&P, p, fN[p * full + j], NULL);
+    }
+    tu_check(!bad_sc, "indexer fast vs naive scores%s: %s (%d off)", s->exact ? " (same bits)" : "", d, bad_sc);
+    tu_check(!bad_id, "indexer fast vs naive top-k ids (differ only at near-ties): %s (%d off)", d, bad_id);
+    if (s->exact) tu_check(!bad_exact, "indexer naive scores exact: %s (%d off)", d, bad_exact);
+    free(idF); free(idN); free(fF); free(fN); free(scF); free(scN); free(sfF); free(sfN);
+    idx_free(&P);
+  }
+}
+
+/* Ties by construction: identical key rows (bitwise identical scores in both paths, since a
+ * score column depends only on its key row) must come out in ascending id order. */
+static void test_indexer_identical_keys(void) {
+  idx_spec sp = {4, 12, 2, 8, 5, 0, 0, 77};
+  idx_prob P;
+  idx_make(&P, &sp);
+  for (int64_t j = 1; j < sp.C; j++) memcpy(P.k_idx + j * sp.Di, P.k_idx, sizeof(float) * sp.Di);
+  for (int impl = 0; impl < 2; impl++) {
+    tu_ok((impl ? dsv4_lightning_indexer_ref : dsv4_lightning_indexer)(&P.a), "indexer");
+    int ok = 1;
+    for (int64_t p = 0; p < sp.S1; p++)
+      for (int j = 0; j < sp.topk; j++)
+        ok &= P.ids[p * sp.topk + j] == (j < P.vis_count[p] ? P.vis_begin[p] + j : -1);
+    tu_check(ok, "indexer %s: identical keys -> the smallest ids, ascending", impl ? "naive" : "fast");
+  }
+  idx_free(&P);
+}
+
+/* ============================================================================================
+ * Sparse attention
+ * ========================================================================================== */
+
+/* Runs impl into fresh copies of out / lse (buffers pre-filled with `fill`: both are overwritten). */
+static void attn_run(attn_prob *P, dsv4_status (*fn)(const dsv4_attn_args *), float fill, float *out,
+                     float *lse) {
+  const int64_t no = P->sp.S1 * P->sp.H * P->sp.D, nl = P->sp.S1 * P->sp.H;
+  for (int64_t i = 0; i < no; i++) P->out[i] = fill;
+  for (int64_t i = 0; i < nl; i++) P->lse[i] = fill;
+  tu_ok(fn(&P->a), "sparse_attn");
+  memcpy(out, P->out, sizeof(float) * no);
+  memcpy(lse, P->lse, sizeof(float) * nl);
+}
+
+/* Padding queries (win_len 0): out and lse exactly 0. */
+static int padding_zero(const attn_prob *P, const float *out, const float *lse) {
+  const int HD = P->sp.H * P->sp.D;
+  int ok = 1;
+  for (int64_t p = 0; p < P->sp.S1; p++) {
+    if (P->win_len[p]) continue;
+    for (int i = 0; i < HD; i++) ok &= out[p * HD + i] == 0.0f;
+    for (int h = 0; h < P->sp.H; h++) ok &= lse[p * P->sp.H + h] == 0.0f;
+  }
+  return ok;
+}
+
+/* Fast vs naive, padding, overwritten outputs, two phases, ranges == ids. Tolerance: scores are
+ * D-term fp32 dot products of |q| <= 2, |k| <= 1 (times D^-0.5), softmax and output are fp32 sums
+ * over n_keys = W + compressed keys; 8 (D + n_keys) u relative to max(max|ref|, 1) covers those
+ * plus the few roundings per term (exp, scale, normalise). lse likewise. */
+static void test_sparse_attn(void) {
+  char d[160], name[256];
+  for (int c = 0; c < N_ATTN_CASES; c++) {
+    attn_prob P;
+    attn_make(&P, &ATTN_CASES[c]);
+    attn_desc(&P, d, sizeof d);
+    const attn_spec *s = &P.sp;
+    const int64_t no = s->S1 * s->H * s->D, nl = s->S1 * s->H;
+    const int64_t n_keys = s->W + (s->mode == CMP_IDS ? s->n_ids : s->mode == CMP_RANGE ? s->C : 0);
+    const double tol = 8 * (s->D + n_keys) * U32;
+    float *oF = FALLOC(no), *lF = FALLOC(nl), *oN = FALLOC(no), *lN = FALLOC(nl);
+    float *o2 = FALLOC(no), *l2 = FALLOC(nl);
+    attn_run(&P, dsv4_sparse_attn, 0.0f, oF, lF);
+    attn_run(&P, dsv4_sparse_attn_ref, 0.0f, oN, lN);
+    snprintf(name, sizeof name, "sparse_attn fast vs naive out: %s", d);
+    tu_close(name, oF, oN, no, tol, 1.0);
+    snprintf(name, sizeof name, "sparse_attn fast vs naive lse: %s", d);
+    tu_close(name, lF, lN, nl, tol, 1.0);
+    if (s->pad_every)
+      tu_check(padding_zero(&P, oF, lF) && padding_zero(&P, oN, lN),
+               "sparse_attn padding queries: out == 0 and lse == 0 exactly (fast, naive): %s", d);
+    attn_run(&P, dsv4_sparse_attn, 1e3f, o2, l2);
+    tu_check(!memcmp(o2, oF, sizeof(float) * no) && !memcmp(l2, lF, sizeof(float) * nl),
+             "sparse_attn fast: out/lse overwritten (garbage before, same bits): %s", d);
+    /* the two phases of the CP core equal the one-call operator, bit for bit */
+    float *ml = FALLOC(2 * nl);
+    tu_ok(dsv4_sparse_attn_window(&P.a, ml, ml + nl), "sparse_attn_window");
+    tu_ok(dsv4_sparse_attn_finish(&P.a, ml, ml + nl), "sparse_attn_finish");
+    tu_check(!memcmp(P.out, oF, sizeof(float) * no) && !memcmp(P.lse, lF, sizeof(float) * nl),
+             "sparse_attn window + finish == one call (same bits): %s", d);
+    free(ml);
+    if (s->mode == CMP_RANGE) { /* HCA ranges vs the same keys as explicit ids */
+      attn_prob Q;
+      attn_ranges_as_ids(&P, &Q);
+      attn_run(&Q, dsv4_sparse_attn, 0.0f, o2, l2);
+      snprintf(name, sizeof name, "sparse_attn fast: ranges == same keys as ids (same bits): %s", d);
+      check_invariant(name, o2, oF, no);
+      attn_run(&Q, dsv4_sparse_attn_ref, 0.0f, o2, l2);
+      tu_check(!memcmp(o2, oN, sizeof(float) * no) && !memcmp(l2, lN, sizeof(float) * nl),
+               "sparse_attn naive: ranges == same keys as ids (same bits): %s", d);
+      attn_free(&Q);
+    }
+    free(oF); free(lF); free(oN); free(lN); free(o2); free(l2);
+    attn_free(&P);
+  }
+}
+
+/* ============================================================================================
+ * KL loss (forward; gradients in test_ops_grad.c)
+ * ========================================================================================== */
+
+/* Fast vs naive loss (gradient pointers NULL: the forward-only path). The loss is a sum of
+ * t (log t - log s) with O(1) logs; each fp32 log-probability carries about (terms) u absolute error
+ * with terms = D + Di dot products, H + Hi head sums and n set entries: 8 (D + Di + H + Hi + n) u per
+ * row (rows are compared with a floor of 1, sums relative to the number of valid rows). */
+static void test_kl_forward(void) {
+  char d[160], name[256];
+  for (int c = 0; c < N_KL_CASES; c++)
+    for (int dense = 0; dense < 2; dense++) {
+      const kl_case *kc = &KL_CASES[c];
+      kl_prob K;
+      kl_make(&K, &kc->ix, kc->H, kc->D, dense, 1.0f);
+      K.a.d_q_idx = NULL; K.a.d_weights = NULL; K.a.d_k_idx = NULL;
+      const idx_spec *s = &K.ix.sp;
+      snprintf(d, sizeof d, "S1=%lld C=%lld H=%d D=%d Hi=%d Di=%d topk=%d %s", (long long)s->S1,
+               (long long)s->C, K.H, K.D, s->Hi, s->Di, s->topk, dense ? "dense" : "sparse");
+      int64_t expect_valid = 0, nmax = 1;
+      for (int64_t p = 0; p < s->S1; p++) {
+        int n = 0;
+        for (int j = 0; j < s->topk; j++) n += K.sel[p * s->topk + j] >= 0;
+        n = dense ? K.ix.vis_count[p] : n;
+        expect_valid += n > 0;
+        nmax = imax64(nmax, n);
+      }
+      double *rows = (double *)xalloc((size_t)s->S1, sizeof(double)), loss_f;
+      for (int64_t p = 0; p < s->S1; p++) K.loss_rows[p] = 99.0; /* overwritten */
+      tu_ok(dsv4_indexer_kl_loss(&K.a), "indexer_kl_loss");
+      memcpy(rows, K.loss_rows, sizeof(double) * s->S1);
+      loss_f = K.loss;
+      const int64_t nv_f = K.n_valid;
+      tu_ok(dsv4_indexer_kl_loss_ref(&K.a), "indexer_kl_loss_ref");
+      const double tol = 8 * (K.D + s->Di + K.H + s->Hi + nmax) * U32;
+      snprintf(name, sizeof name, "kl_loss fast vs naive loss_rows: %s", d);
+      close_d(name, rows, K.loss_rows, s->S1, tol, 1.0);
+      double nvd = (double)(expect_valid ? expect_valid : 1);
+      snprintf(name, sizeof name, "kl_loss fast vs naive loss_sum: %s", d);
+      close_d(name, &loss_f, &K.loss, 1, tol * nvd, 1.0);
+      double sum = 0;
+      for (int64_t p = 0; p < s->S1; p++) sum += rows[p];
+      tu_check(nv_f == expect_valid && K.n_valid == expect_valid && sum == loss_f,
+               "kl_loss n_valid (fast %lld, naive %lld, expected %lld), loss_sum == sum of loss_rows "
+               "in order: %s", (long long)nv_f, (long long)K.n_valid, (long long)expect_valid, d);
+      free(rows);
+      kl_free(&K);
+    }
+}
+
+/* ============================================================================================
+ * Position invariance of the fast kernels: results for a query (slot) computed in a call holding
+ * only a subset of the queries, in fresh buffers with shifted rows, have the same bits.
+ * ========================================================================================== */
+static void test_invariance_attn(void) {
+  char d[160], name[256];
+  for (int c = 2; c < N_ATTN_CASES; c++) {
+    attn_prob P;
+    attn_make(&P, &ATTN_CASES[c]);
+    attn_desc(&P, d, sizeof d);
+    tu_ok(dsv4_sparse_attn(&P.a), "sparse_attn");
+    const int64_t ks[2] = {1, P.sp.S1 / 2}, HD = P.sp.H * P.sp.D;
+    for (int t = 0; t < 2; t++) {
+      attn_prob Q;
+      attn_subset(&P, ks[t], &Q);
+      tu_ok(dsv4_sparse_attn(&Q.a), "sparse_attn");
+      snprintf(name, sizeof name, "sparse_attn fast position invariance (drop first %lld) out: %s",
+               (long long)ks[t], d);
+      check_invariant(name, Q.out, P.out + ks[t] * HD, Q.sp.S1 * HD);
+      snprintf(name, sizeof name, "sparse_attn fast position invariance (drop first %lld) lse: %s",
+               (long long)ks[t], d);
+      check_invariant(name, Q.lse, P.lse + ks[t] * P.sp.H, Q.sp.S1 * P.sp.H);
+      attn_free(&Q);
+    }
+    attn_free(&P);
+  }
+}
+
+static void test_invariance_indexer(void) {
+  char name[256];
+  for (int c = 1; c < N_IDX_CASES; c++) {
+    idx_prob P, Q;
+    idx_make(&P, &IDX_CASES[c]);
+    tu_ok(dsv4_lightning_indexer(&P.a), "indexer");
+    const int64_t k = P.sp.S1 / 3 + 1, topk = P.sp.topk;
+    int64_t c0;
+    idx_subset(&P, k, &Q, &c0);
+    tu_ok(dsv4_lightning_indexer(&Q.a), "indexer");
+    int ids_ok = 1;
+    for (int64_t i = 0; i < Q.sp.S1 * topk; i++)
+      ids_ok &= (Q.ids[i] < 0 ? -1 : Q.ids[i] + c0) == P.ids[k * topk + i];
+    snprintf(name, sizeof name, "indexer fast position invariance scores: S1=%lld C=%lld Hi=%d Di=%d "
+             "(drop first %lld, rows shifted by %lld)", (long long)P.sp.S1, (long long)P.sp.C,
+             P.sp.Hi, P.sp.Di, (long long)k, (long long)c0);
+    check_invariant(name, Q.scores, P.scores + k * topk, Q.sp.S1 * topk);
+    tu_check(ids_ok, "indexer fast position invariance ids: S1=%lld C=%lld", (long long)P.sp.S1,
+             (long long)P.sp.C);
+    idx_free(&P); idx_free(&Q);
+  }
+}
+
+static void test_invariance_kl(void) {
+  char name[256];
+  for (int c = 1; c < N_KL_CASES; c++)
+    for (int dense = 0; dense < 2; dense++) {
+      const kl_case *kc = &KL_CASES[c];
+      kl_prob K, Q;
+      kl_make(&K, &kc->ix, kc->H, kc->D, dense, 0.75f);
+      tu_ok(dsv4_indexer_kl_loss(&K.a), "kl_loss");
+      const int64_t k = K.ix.sp.S1 / 2, Hi = K.ix.sp.Hi, Di = K.ix.sp.Di;
+      kl_subset(&K, k, &Q);
+      tu_ok(dsv4_indexer_kl_loss(&Q.a), "kl_loss");
+      const int64_t n = Q.ix.sp.S1;
+      float *lr_q = FALLOC(n), *lr_k = FALLOC(n);
+      int rows_same = !memcmp(Q.loss_rows, K.loss_rows + k, sizeof(double) * n);
+      snprintf(name, sizeof name, "kl_loss fast position invariance loss_rows: S1=%lld C=%lld %s "
+               "(drop first %lld)", (long long)K.ix.sp.S1, (long long)K.ix.sp.C,
+               dense ? "dense" : "sparse", (long long)k);
+      if (g_bitwise) {
+        tu_check(rows_same, "%s", name);
+      } else {
+        for (int64_t i = 0; i < n; i++) { lr_q[i] = (float)Q.loss_rows[i]; lr_k[i] = (float)K.loss_rows[k + i]; }
+        tu_close(name, lr_q, lr_k, n, 1e-5, 1.0);
+      }
+      snprintf(name, sizeof name, "kl_loss fast position invariance d_q_idx: S1=%lld %s",
+               (long long)K.ix.sp.S1, dense ? "dense" : "sparse");
+      check_invariant(name, Q.d_q_idx, K.d_q_idx + k * Hi * Di, n * Hi * Di);
+      snprintf(name, sizeof name, "kl_loss fast position invariance d_weights: S1=%lld %s",
+               (long long)K.ix.sp.S1, dense ? "dense" : "sparse");
+      check_invariant(name, Q.d_weights, K.d_weights + k * Hi, n * Hi);
+      free(lr_q); free(lr_k);
+      kl_free(&K); kl_free(&Q);
+    }
+}
+
+/* Slots [k, n) of P in fresh buffers from the first row they read (rows shifted, no out_row map). */
+static void cmp_subset(const cmp_prob *P, int64_t k, cmp_prob *Q) {
+  const int64_t r0 = P->prev_row && P->prev_row[k] >= 0 ? P->prev_row[k] : P->cur_row[k];
+  const int r = P->sp.ratio;
+  memset(Q, 0, sizeof *Q);
+  Q->sp = P->sp;
+  Q->sp.n_slots -= k;
+  Q->sp.out_map = 0;
+  Q->cD = P->cD;
+  Q->rows = Q->rows_out = 0;
+  Q->C = DUP(P->C + r0 * P->cD, (P->rows - r0) * P->cD);
+  Q->Z = DUP(P->Z + r0 * P->cD, (P->rows - r0) * P->cD);
+  Q->ape = DUP(P->ape, (int64_t)r * P->cD);
+  Q->norm_w = DUP(P->norm_w, P->sp.D);
+  Q->out = FALLOC(Q->sp.n_slots * P->sp.D);
+  Q->cur_row = DUP(P->cur_row + k, Q->sp.n_slots);
+  Q->pos = DUP(P->pos + k, Q->sp.n_slots);
+  if (P->prev_row) Q->prev_row = DUP(P->prev_row + k, Q->sp.n_slots);
+  for (int64_t s = 0; s < Q->sp.n_slots; s++) {
+    Q->cur_row[s] -= (int32_t)r0;
+    if (Q->prev_row && Q->prev_row[s] >= 0) Q->prev_row[s] -= (int32_t)r0;
+  }
+  rope_make(&Q->rope, P->sp.rope_dim, r, P->sp.n_slots * r + 1);
+  cmp_bind(Q);
+}
+
+static void test_invariance_compressor(void) {
+  char d[128], name[256];
+  for (int c = 0; c < N_CMP_CASES; c++) {
+    if (CMP_CASES[c].n_slots < 2) continue;
+    cmp_prob P, Q;
+    cmp_make(&P, &CMP_CASES[c]);
+    cmp_desc(&P, d, sizeof d);
+    tu_ok(dsv4_compress(&P.a), "compress");
+    const int64_t k = P.sp.n_slots / 2, D = P.sp.D;
+    cmp_subset(&P, k, &Q);
+    tu_ok(dsv4_compress(&Q.a), "compress");
+    int same = 1;
+    for (int64_t s = k; s < P.sp.n_slots; s++)
+      same &= !memcmp(Q.out + (s - k) * D, P.out + dsv4_compress_out_row(&P.a, s) * D, sizeof(float) * D);
+    snprintf(name, sizeof name, "compressor fast position invariance (drop first %lld slots, rows "
+             "shifted): %s", (long long)k, d);
+    tu_check(same, "%s", name);
+    cmp_free(&P); cmp_free(&Q);
+  }
+}
+
+/* ============================================================================================
+ * Argument validation: bad rows fail with DSV4_ERR_ARG naming the argument, before any output is
+ * written.
+ * ========================================================================================== */
+typedef dsv4_status (*attn_fn)(const dsv4_attn_args *);
+
+/* dsv4_sparse_attn_window / _finish as attn_fn (the finish phase gets dummy m / l). */
+static dsv4_status attn_window_only(const dsv4_attn_args *a) {
+  float *ml = FALLOC(2 * a->S1 * a->H + 1);
+  dsv4_status st = dsv4_sparse_attn_window(a, ml, ml + a->S1 * a->H);
+  free(ml);
+  return st;
+}
+static dsv4_status attn_finish_only(const dsv4_attn_args *a) {
+  float *ml = FALLOC(2 * a->S1 * a->H + 1);
+  dsv4_status st = dsv4_sparse_attn_finish(a, ml, ml + a->S1 * a->H);
+  free(ml);
+  return st;
+}
+static dsv4_status attn_bwd_fast(const dsv4_attn_args *a) {
+  const int64_t nq = a->S1 * a->H * a->D;
+  float *dq = FALLOC(nq), *dout = FALLOC(nq), *dkv = FALLOC(a->R * a->D), *dcmp = FALLOC(a->C * a->D);
+  float *ds = FALLOC(a->H);
+  dsv4_attn_bwd_args b = {dq, dkv, dcmp, ds, dout, a->out, a->lse, *a};
+  dsv4_status st = dsv4_sparse_attn_bwd(&b);
+  free(dq); free(dout); free(dkv); free(dcmp); free(ds);
+  return st;
+}
+
+static void test_validation(void) {
+  static const struct { attn_fn fn; const char *name; } FNS[] = {
+      {dsv4_sparse_attn, "sparse_attn"}, {dsv4_sparse_attn_ref, "sparse_attn_ref"},
+      {attn_window_only, "sparse_attn_window"}, {attn_finish_only, "sparse_attn_finish"},
+      {attn_bwd_fast, "sparse_attn_bwd"}};
+  char what[160];
+  for (size_t f = 0; f < sizeof FNS / sizeof FNS[0]; f++) {
+    attn_spec si = {6, 5, 2, 8, 3, 0, CMP_IDS, 3, 0, 0, 0, 0, 5}, sr = si;
+    sr.mode = CMP_RANGE;
+    attn_prob P, Q;
+    attn_make(&P, &si);
+    attn_make(&Q, &sr);
+    Q.cmp_begin[4] = 2; Q.cmp_count[4] = 2; /* valid ranges the bad values below break */
+    Q.cmp_count[2] = 1; Q.cmp_count[5] = 1;
+    const int64_t no = P.sp.S1 * P.sp.H * P.sp.D;
+    struct { int32_t *slot, val; attn_prob *pr; const char *needle, *desc; } bad[] = {
+        {&P.cmp_ids[4], 5, &P, "cmp_ids", "cmp_ids = C"},
+        {&P.cmp_ids[7], -2, &P, "cmp_ids", "cmp_ids = -2"},
+        {&P.win_start[3], 5, &P, "window", "window past ori_kv"},
+        {&P.win_start[2], -1, &P, "window", "negative win_start"},
+        {&P.win_len[1], -1, &P, "window", "negative win_len"},
+        {&Q.cmp_count[4], 4, &Q, "compressed range", "range past C"},
+        {&Q.cmp_count[5], -1, &Q, "compressed range", "negative cmp_count"},
+        {&Q.cmp_begin[2], -1, &Q, "compressed range", "negative cmp_begin"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+      const int32_t keep = *bad[i].slot;
+      *bad[i].slot = bad[i].val;
+      for (int64_t j = 0; j < no; j++) bad[i].pr->out[j] = 7.0f;
+      snprintf(what, sizeof what, "%s with %s", FNS[f].name, bad[i].desc);
+      expect_arg_error(FNS[f].fn(&bad[i].pr->a), bad[i].needle, what);
+      int untouched = 1;
+      for (int64_t j = 0; j < no; j++) untouched &= bad[i].pr->out[j] == 7.0f;
+      tu_check(untouched, "%s: out untouched", what);
+      *bad[i].slot = keep;
+    }
+    attn_free(&P); attn_free(&Q);
+  }
+  /* indexer and KL: visible ranges and selected ids */
+  kl_prob K;
+  idx_spec sp = {6, 10, 2, 8, 4, 0, 0, 9};
+  kl_make(&K, &sp, 2, 8, 0, 1.0f);
+  K.ix.vis_begin[3] = 8; K.ix.vis_count[3] = 3;
+  expect_arg_error(dsv4_lightning_indexer(&K.ix.a), "visible range", "lightning_indexer with range past C");
+  expect_arg_error(dsv4_lightning_indexer_ref(&K.ix.a), "visible range", "lightning_indexer_ref with range past C");
+  K.dense = 1; kl_bind(&K, 1.0f);
+  expect_arg_error(dsv4_indexer_kl_loss(&K.a), "visible range", "indexer_kl_loss dense with range past C");
+  expect_arg_error(dsv4_indexer_kl_loss_ref(&K.a), "visible range", "indexer_kl_loss_ref dense with range past C");
+  K.ix.vis_count[3] = -1;
+  expect_arg_error(dsv4_lightning_indexer(&K.ix.a), "visible range", "lightning_indexer with vis_count -1");
+  K.ix.vis_count[3] = 0; K.dense = 0; kl_bind(&K, 1.0f);
+  K.sel[5] = 10;
+  expect_arg_error(dsv4_indexer_kl_loss(&K.a), "topk_ids", "indexer_kl_loss with topk_ids = C");
+  K.sel[5] = -3;
+  expect_arg_error(dsv4_indexer_kl_loss_ref(&K.a), "topk_ids", "indexer_kl_loss_ref with topk_ids = -3");
+  kl_free(&K);
+  /* compressor: the ratio */
+  cmp_prob P;
+  cmp_make(&P, &CMP_CASES[1]);
+  P.a.ratio = 3;
+  expect_arg_error(dsv4_compress(&P.a), "ratio", "compress with ratio 3");
+  expect_arg_error(dsv4_compress_ref(&P.a), "ratio", "compress_ref with ratio 3");
+  cmp_free(&P);
+}
+
+int main(void) {
+  g_bitwise = dsv4_blas_probe_invariance();
+  if (!g_bitwise) printf("NOTE this BLAS is not row-position invariant: invariance checked to 1e-5\n");
+  test_rmsnorm();
+  test_rope();
+  test_compressor();
+  test_indexer();
+  test_indexer_identical_keys();
+  test_sparse_attn();
+  test_kl_forward();
+  test_invariance_attn();
+  test_invariance_indexer();
+  test_invariance_kl();
+  test_invariance_compressor();
+  test_validation();
+  return tu_finish();
+}

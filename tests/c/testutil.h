@@ -1,0 +1,29 @@
+/* testutil.h: the small test harness shared by the C tests: named checks that count passes and
+ * failures, and the final "N passed, M failed" line (non-zero exit on any failure). */
+#ifndef DSV4_TESTUTIL_H
+#define DSV4_TESTUTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "dsv4cp.h"
+
+/* Records one check: prints "PASS name" or "FAIL name: why". Returns ok. */
+int tu_check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Records a failure with a message (for checks that compute their own verdict). */
+void tu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Prints "N passed, M failed"; returns the process exit code. */
+int tu_finish(void);
+
+/* Deterministic uniform values in [-scale, scale). */
+void tu_fill(float *x, int64_t n, uint64_t seed, float scale);
+/* max |a - b| and max |b| over n values. */
+double tu_max_abs_diff(const float *a, const float *b, int64_t n);
+double tu_max_abs(const float *a, int64_t n);
+/* max|a - b| <= tol * max(max|b|, floor): the relative check used throughout (floor avoids
+ * demanding exactness of tensors that are legitimately ~0). */
+int tu_close(const char *name, const float *a, const float *b, int64_t n, double tol, double floor);
+/* Checks a library status; on failure prints the library's last error. */
+int tu_ok(dsv4_status st, const char *what);
+
+#endif

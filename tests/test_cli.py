@@ -1,0 +1,149 @@
+#!/usr/bin/env -S /usr/bin/python3
+"""test_cli.py: the command-line contract (SPEC 7) on bad input: every case must exit non-zero
+with ONE line on stderr (per rank) that names the problem, and never crash (no sanitizer report, no signal).
+Also: --help on every command, and output files written with the exact tensor names."""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+
+import testlib as T
+
+COMMANDS = ("run", "demo", "check", "train", "bench", "plan")
+
+
+def expect_error(build, name, args, needle, nranks=1):
+    rc, out, err = T.cli(build, args, nranks=nranks, timeout=120)
+    lines = [l for l in err.splitlines() if l.strip()]
+    # one line per rank, all the same
+    ok = rc not in (0, -9) and rc < 128 and len(lines) == nranks and len(set(lines)) == 1 \
+        and lines[0].startswith("dsv4cp: error:") and needle.lower() in lines[0].lower()
+    return T.check(ok, f"cli bad input: {name}", f"exit {rc}: {' | '.join(lines)[:300]}")
+
+
+def write_st(path, tensors):
+    T.st.write(path, tensors)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--build", default="build")
+    a = p.parse_args()
+    b = a.build
+    tmp = os.path.join(T.golden_dir(b), "cli")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    out = os.path.join(tmp, "out.safetensors")
+
+    # --help everywhere
+    for c in COMMANDS:
+        rc, o, e = T.cli(b, [c, "--help"])
+        T.check(rc == 0 and "usage:" in o and "--help" in o, f"cli {c} --help")
+    rc, o, e = T.cli(b, ["--help"])
+    T.check(rc == 0 and all(c in o for c in COMMANDS), "cli --help lists every command")
+    expect_error(b, "unknown command", ["frobnicate"], "unknown command")
+    expect_error(b, "unknown option", ["run", "--bogus", "1"], "--bogus")
+    expect_error(b, "option without its value", ["run", "--config"], "--config")
+
+    d, layer = T.make_case(b, "csa_packed", T.cases.CASES["csa_packed"])
+    base = T.case_files(d, layer)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    weights = T.load(os.path.join(d, "weights.safetensors"))
+    inp = T.load(os.path.join(d, "in.safetensors"))
+
+    def with_config(name, change):
+        c = dict(cfg)
+        change(c)
+        path = os.path.join(tmp, name + ".json")
+        json.dump(c, open(path, "w"))
+        return ["run", "--config", path] + base[2:] + ["--output", out]
+
+    def with_weights(name, change):
+        w = dict(weights)
+        change(w)
+        path = os.path.join(tmp, name + ".safetensors")
+        write_st(path, w)
+        args = list(base)
+        args[args.index("--weights") + 1] = path
+        return ["run"] + args + ["--output", out]
+
+    def with_input(name, tensors):
+        path = os.path.join(tmp, name + ".safetensors")
+        write_st(path, tensors)
+        args = list(base)
+        args[args.index("--input") + 1] = path
+        return ["run"] + args + ["--output", out]
+
+    wq = "layers.2.attn.wq_a.weight"
+    expect_error(b, "missing config file", ["run", "--config", os.path.join(tmp, "nope.json"), "--layer", "0",
+                                            "--output", out], "nope.json")
+    bad_json = os.path.join(tmp, "bad.json")
+    open(bad_json, "w").write('{"hidden_size": 32,,}')
+    expect_error(b, "config not JSON", ["run", "--config", bad_json] + base[2:] + ["--output", out], "JSON")
+    expect_error(b, "config key missing", with_config("nokey", lambda c: c.pop("head_dim")), "head_dim")
+    expect_error(b, "config impossible value", with_config("groups", lambda c: c.update(o_groups=3)), "o_groups")
+    expect_error(b, "config odd rope dim", with_config("rope", lambda c: c.update(qk_rope_head_dim=7)), "qk_rope_head_dim")
+    expect_error(b, "config bad ratio", with_config("ratio", lambda c: c.update(compress_ratios=[0, 0, 5, 0])), "compress_ratios")
+    expect_error(b, "layer out of range", ["run"] + base[:2] + ["--layer", "9"] + base[4:] + ["--output", out], "--layer")
+    expect_error(b, "missing weights file", ["run"] + base[:4] + ["--weights", os.path.join(tmp, "none.st")] + base[6:]
+                 + ["--output", out], "none.st")
+    expect_error(b, "missing tensor", with_weights("missing", lambda w: w.pop(wq)), wq)
+    expect_error(b, "wrong-shaped tensor", with_weights("shape", lambda w: w.update({wq: w[wq][:, :-1]})), wq)
+    expect_error(b, "wrong-dtype tensor", with_weights("dtype", lambda w: w.update({wq: w[wq].astype(np.int32)})), wq)
+    garbage = os.path.join(tmp, "garbage.safetensors")
+    open(garbage, "wb").write(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    args = list(base)
+    args[args.index("--weights") + 1] = garbage
+    expect_error(b, "garbage safetensors", ["run"] + args + ["--output", out], "garbage.safetensors")
+    trunc = os.path.join(tmp, "trunc.safetensors")
+    data = open(os.path.join(d, "weights.safetensors"), "rb").read()
+    open(trunc, "wb").write(data[: len(data) // 2])
+    args[args.index("--weights") + 1] = trunc
+    expect_error(b, "truncated safetensors", ["run"] + args + ["--output", out], "trunc.safetensors")
+    x = inp["x"]
+    cu = inp["cu_seqlens"]
+    expect_error(b, "x of the wrong width", with_input("width", {"x": x[:, :-2], "cu_seqlens": cu}), "width")
+    bad_cu = cu.copy()
+    bad_cu[2] = bad_cu[1]
+    expect_error(b, "cu_seqlens not increasing", with_input("cu_inc", {"x": x, "cu_seqlens": bad_cu}), "cu_seqlens")
+    short = cu.copy()
+    short[-1] -= 4
+    expect_error(b, "cu_seqlens not ending at T", with_input("cu_end", {"x": x, "cu_seqlens": short}), "cu_seqlens")
+    real = inp["seqlens_real"].copy()
+    real[0] = int(cu[1] - cu[0]) + 1
+    expect_error(b, "seqlens_real out of range", with_input("real", {"x": x, "cu_seqlens": cu, "seqlens_real": real}),
+                 "seqlens_real")
+    odd = np.array([0, 30, x.shape[0]], dtype=np.int32)
+    expect_error(b, "padded length not a multiple of r", with_input("pad", {"x": x, "cu_seqlens": odd}), "multiple")
+    expect_error(b, "input without x", with_input("nox", {"cu_seqlens": cu}), "'x'")
+    expect_error(b, "missing input file", ["run"] + base[:6] + ["--input", os.path.join(tmp, "none.st"), "--output", out],
+                 "none.st")
+    gbad = os.path.join(tmp, "gbad.safetensors")
+    write_st(gbad, {"dout": np.zeros((3, 3), np.float32)})
+    args = list(base)
+    args[args.index("--grad-output") + 1] = gbad
+    expect_error(b, "dout of the wrong shape", ["run"] + args + ["--output", out], "dout")
+    expect_error(b, "unwritable output", ["run"] + base + ["--output", "/nonexistent/dir/out.safetensors"], "--output")
+    expect_error(b, "non-numeric --seed", ["run", "--preset", "tiny", "--layer", "0", "--seed", "x", "--output", out], "--seed")
+    expect_error(b, "bad --split", ["run", "--preset", "tiny", "--layer", "0", "--split", "diagonal", "--output", out],
+                 "--split")
+    expect_error(b, "bad input on 2 ranks", with_input("width2", {"x": x[:, :-2], "cu_seqlens": cu}), "width", nranks=2)
+
+    # the output file: exact names (SPEC 7)
+    rc, o, e = T.cli(b, ["run"] + base + ["--output", out])
+    names = set(T.load(out)) if rc == 0 else set()
+    want = {"out", "topk_ids", "indexer_loss", "dx"} | {"grad." + n for n in weights}
+    T.check(names == want, "cli run writes exactly out, topk_ids, indexer_loss, dx and grad.<weight name>",
+            f"missing {sorted(want - names)[:3]} extra {sorted(names - want)[:3]}")
+    rc, o, e = T.cli(b, ["run", "--preset", "tiny", "--layer", "1", "--seq", "64", "--output", out])
+    names = set(T.load(out)) if rc == 0 else set()
+    T.check(names == {"out", "topk_ids", "indexer_loss"}, "cli run without dout writes the forward tensors only",
+            str(sorted(names)))
+    return T.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+/* cmd_check.c: `dsv4cp check`: runs the layer with CP = N over all ranks, recomputes it with one
+ * rank on rank 0, and prints per tensor the largest difference and whether it is bitwise equal.
+ * Verdict (SPEC 6): max|a - b| <= 1e-5 max(1, max|b|) for outputs and dx, 1e-4 for weight
+ * gradients, top-k identical; the goal (reported) is bitwise equal forward and top-k. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "job.h"
+
+#define TOL_OUT 1e-5
+#define TOL_GRAD 1e-4
+
+/* One row of the report; returns 1 when within tolerance. */
+static int report(const char *name, const float *a, const float *b, int64_t n, double tol, int *all_bitwise) {
+  double diff = 0, ref = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = fabs((double)a[i] - b[i]);
+    if (!(d <= diff)) diff = d;
+    ref = fabs(b[i]) > ref ? fabs(b[i]) : ref;
+  }
+  const int bitwise = memcmp(a, b, sizeof(float) * (size_t)n) == 0;
+  const int ok = diff <= tol * (ref > 1 ? ref : 1);
+  if (all_bitwise) *all_bitwise &= bitwise;
+  printf("  %-52s %10.3g %10.3g  %-7s %s\n", name, diff, ref, bitwise ? "yes" : "no", ok ? "ok" : "FAIL");
+  return ok;
+}
+
+/* Compares CP = N results (a) with the one-rank recomputation (b); prints the report. */
+static int compare(const job *j, const job_result *a, const job_result *b, int nranks) {
+  const int64_t d = j->cfg.dim, k = j->cfg.index_topk;
+  int ok = 1, fwd_bitwise = 1, topk_same = 1;
+  printf("check: CP = %d against CP = 1, layer %d (compress ratio %d), T = %lld\n", nranks, j->layer, j->ratio,
+         (long long)j->T);
+  printf("  %-52s %10s %10s  %-7s %s\n", "tensor", "max|diff|", "max|ref|", "bitwise", "verdict");
+  ok &= report("out", a->out, b->out, j->T * d, TOL_OUT, &fwd_bitwise);
+  if (a->topk) {
+    topk_same = memcmp(a->topk, b->topk, sizeof(int32_t) * (size_t)(j->T * k)) == 0;
+    printf("  %-52s %10s %10s  %-7s %s\n", "topk_ids", "-", "-", topk_same ? "yes" : "no", topk_same ? "ok" : "FAIL");
+    ok &= topk_same;
+    ok &= report("indexer_loss", &a->loss, &b->loss, 1, TOL_OUT, &fwd_bitwise);
+  }
+  if (a->dx) ok &= report("dx", a->dx, b->dx, j->T * d, TOL_OUT, NULL);
+  if (a->grads)
+    for (int i = 0; i < dsv4_weights_count(a->grads); i++) {
+      dsv4_tensor ta, tb;
+      dsv4_weights_get(a->grads, i, &ta);
+      dsv4_weights_get(b->grads, i, &tb);
+      char name[160];
+      snprintf(name, sizeof name, "grad.%s", ta.name);
+      ok &= report(name, ta.data, tb.data, ta.numel, TOL_GRAD, NULL);
+    }
+  printf("forward and top-k bitwise equal to CP = 1: %s\n", fwd_bitwise && topk_same ? "yes" : "no");
+  printf("verdict: %s (SPEC 6 tolerances)\n", ok ? "PASS" : "FAIL");
+  return ok;
+}
+
+int cmd_check(cli_ctx *c, int argc, char **argv) {
+  static const char *USAGE =
+      "usage: mpirun -np N dsv4cp check (--config config.json | --preset NAME) --layer L [options]\n"
+      "\n"
+      "Runs the layer forward and backward with CP = N, recomputes it with CP = 1 on rank 0, and prints\n"
+      "the largest difference per tensor and whether forward and top-k are bitwise equal. Exit status 1\n"
+      "when a difference exceeds SPEC 6's tolerance. dout is random from --seed unless --grad-output.";
+  job_opts o = {.random_dout = 1};
+  const char *threads = NULL;
+  int fwd_only = 0;
+  cli_opt opts[24];
+  int k = job_common_opts(&o, opts);
+  opts[k++] = (cli_opt){"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL};
+  opts[k++] = (cli_opt){"forward-only", NULL, "skip the backward", NULL, &fwd_only};
+  opts[k] = (cli_opt){0};
+  int p = cli_parse(c, argc, argv, 2, opts, USAGE);
+  if (p == 1) return 0;
+  if (fwd_only) o.random_dout = 0;
+  if (!c->err[0]) cli_set_threads(c, threads);
+  if (cli_sync(c)) return 1;
+  job j, j1;
+  job_result rn = {0}, r1 = {0};
+  memset(&j1, 0, sizeof j1);
+  job_load(c, &j, &o);
+  int failed = cli_sync(c);
+  if (!failed) {
+    cli_say(c, "check: running CP = %d ...\n", c->size);
+    job_execute(c, &j, 1, JOB_FAST, &rn, NULL);
+    failed = cli_sync(c);
+  }
+  if (!failed && c->rank == 0) {
+    /* the one-rank recomputation: rank 0 alone, the whole input */
+    cli_ctx one = {.rank = 0, .size = 1, .comm = MPI_COMM_SELF, .sync_comm = MPI_COMM_SELF};
+    printf("check: recomputing CP = 1 on rank 0 ...\n");
+    fflush(stdout);
+    job_load(&one, &j1, &o);
+    if (!one.err[0]) job_execute(&one, &j1, 0, JOB_FAST, &r1, NULL);
+    if (one.err[0]) cli_error(c, "CP = 1 recomputation: %s", one.err);
+    else if (!compare(&j, &rn, &r1, c->size)) cli_error(c, "CP = %d differs from CP = 1 beyond tolerance", c->size);
+  }
+  failed = cli_sync(c);
+  job_result_free(&rn);
+  job_result_free(&r1);
+  job_free(&j);
+  job_free(&j1);
+  return failed;
+}

@@ -1,0 +1,132 @@
+/* cmd_demo.c: `dsv4cp demo`, the main job on a built-in default: a V4-Flash-shaped layer of each
+ * kind (sliding window, CSA, HCA) on a seeded sequence, forward and backward, with
+ *   - time and tokens/s of the fast path (CP = N under mpirun -np N),
+ *   - a self-check against the naive operators on a shorter sequence (rank 0),
+ *   - under mpirun: CP = N against CP = 1 recomputed on rank 0 (forward bitwise, dx tolerance). */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "job.h"
+
+#define DEMO_SEQ "1024"
+#define DEMO_CHECK_SEQ "256"
+#define SELF_CHECK_TOL 1e-4 /* fp32 fast kernels against the naive double-accumulating ones */
+#define CP_TOL 1e-5         /* SPEC 6 */
+
+/* Layers of the V4-Flash pattern: 0 is sliding window only, 2 is CSA, 3 is HCA. */
+static const struct {
+  const char *layer, *kind;
+} KINDS[] = {{"0", "SWA (r = 0)"}, {"2", "CSA (r = 4)"}, {"3", "HCA (r = 128)"}};
+
+/* max |a - b| / max(1, max |b|) */
+static double rel_diff(const float *a, const float *b, int64_t n) {
+  double d = 0, m = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double e = fabs((double)a[i] - b[i]);
+    if (!(e <= d)) d = e;
+    m = fabs(b[i]) > m ? fabs(b[i]) : m;
+  }
+  return d / (m > 1 ? m : 1);
+}
+
+/* Rank 0: the layer on check_seq tokens with the fast path and with the naive operators. */
+static int self_check(cli_ctx *c, job_opts o, const char *check_seq) {
+  cli_ctx one = {.rank = 0, .size = 1, .comm = MPI_COMM_SELF, .sync_comm = MPI_COMM_SELF};
+  job j;
+  job_result fast = {0}, naive = {0};
+  o.seq = check_seq;
+  job_load(&one, &j, &o);
+  if (!one.err[0]) job_execute(&one, &j, 0, JOB_FAST, &fast, NULL);
+  if (!one.err[0]) job_execute(&one, &j, 0, JOB_NAIVE_OPS, &naive, NULL);
+  int ok = 0;
+  if (one.err[0]) {
+    cli_error(c, "self-check: %s", one.err);
+  } else {
+    const int64_t nd = j.T * j.cfg.dim;
+    const double e_out = rel_diff(fast.out, naive.out, nd), e_dx = rel_diff(fast.dx, naive.dx, nd);
+    int topk_same = 1;
+    if (fast.topk)
+      topk_same = !memcmp(fast.topk, naive.topk, sizeof(int32_t) * (size_t)(j.T * j.cfg.index_topk));
+    ok = e_out <= SELF_CHECK_TOL && e_dx <= SELF_CHECK_TOL;
+    printf("    self-check vs naive operators (%s tokens): out %.2g, dx %.2g%s -> %s\n", check_seq, e_out, e_dx,
+           fast.topk ? (topk_same ? ", top-k identical" : ", top-k differs (near ties?)") : "", ok ? "ok" : "FAIL");
+  }
+  job_result_free(&fast);
+  job_result_free(&naive);
+  job_free(&j);
+  return ok;
+}
+
+/* Rank 0: CP = 1 recomputation compared with the CP = N result. */
+static int cp_check(cli_ctx *c, const job_opts *o, const job_result *rn) {
+  cli_ctx one = {.rank = 0, .size = 1, .comm = MPI_COMM_SELF, .sync_comm = MPI_COMM_SELF};
+  job j;
+  job_result r1 = {0};
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(threads * c->size); /* the other ranks are idle meanwhile */
+  job_load(&one, &j, o);
+  if (!one.err[0]) job_execute(&one, &j, 0, JOB_FAST, &r1, NULL);
+  omp_set_num_threads(threads);
+  int ok = 0;
+  if (one.err[0]) {
+    cli_error(c, "CP = 1 recomputation: %s", one.err);
+  } else {
+    const int64_t nd = j.T * j.cfg.dim;
+    const int fwd_bitwise = !memcmp(rn->out, r1.out, sizeof(float) * (size_t)nd) &&
+                            (!rn->topk || !memcmp(rn->topk, r1.topk, sizeof(int32_t) * (size_t)(j.T * j.cfg.index_topk)));
+    const double e_out = rel_diff(rn->out, r1.out, nd), e_dx = rel_diff(rn->dx, r1.dx, nd);
+    ok = e_out <= CP_TOL && e_dx <= CP_TOL && (!rn->topk || fwd_bitwise || e_out == 0);
+    printf("    CP = %d vs CP = 1: forward%s bitwise equal%s, out %.2g, dx %.2g -> %s\n", c->size,
+           rn->topk ? " and top-k" : "", fwd_bitwise ? "" : " NOT", e_out, e_dx, ok ? "ok" : "FAIL");
+  }
+  job_result_free(&r1);
+  job_free(&j);
+  return ok;
+}
+
+int cmd_demo(cli_ctx *c, int argc, char **argv) {
+  static const char *USAGE =
+      "usage: [mpirun -np N] dsv4cp demo [--seq S] [--check-seq S] [--threads N]\n"
+      "\n"
+      "The main job on a built-in default: a V4-Flash-shaped layer of each kind (sliding window, CSA,\n"
+      "HCA) with seeded random weights and input, forward and backward; prints time and tokens/s, a\n"
+      "self-check against the naive operators, and (under mpirun) CP = N against CP = 1.";
+  const char *seq = DEMO_SEQ, *check_seq = DEMO_CHECK_SEQ, *threads = NULL;
+  const cli_opt opts[] = {
+      {"seq", "S", "tokens of the timed run (default " DEMO_SEQ ")", &seq, NULL},
+      {"check-seq", "S", "tokens of the naive self-check (default " DEMO_CHECK_SEQ ")", &check_seq, NULL},
+      {"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL},
+      {NULL, NULL, NULL, NULL, NULL}};
+  int p = cli_parse(c, argc, argv, 2, opts, USAGE);
+  if (p == 1) return 0;
+  if (!c->err[0]) cli_set_threads(c, threads);
+  if (cli_sync(c)) return 1;
+  cli_say(c, "dsv4cp demo: V4-Flash-shaped layers (d 4096, 64 heads x 512, q rank 1024, window 128, top-k 512)\n"
+             "             seeded random weights and input, %s tokens, CP = %d, %d thread(s) per rank\n",
+          seq, c->size, omp_get_max_threads());
+  int all_ok = 1;
+  for (size_t k = 0; k < sizeof KINDS / sizeof KINDS[0]; k++) {
+    job_opts o = {.preset = "flash", .layer = KINDS[k].layer, .seq = seq, .random_dout = 1};
+    job j;
+    job_result r = {0};
+    job_load(c, &j, &o);
+    if (cli_sync(c)) return 1;
+    job_execute(c, &j, 1, JOB_FAST, &r, NULL);
+    if (cli_sync(c)) return 1;
+    cli_say(c, "  layer %s %-14s forward %8.1f ms  backward %8.1f ms  %8.0f tokens/s (forward + backward)\n",
+            KINDS[k].layer, KINDS[k].kind, 1e3 * r.fwd_seconds, 1e3 * r.bwd_seconds,
+            (double)j.T / (r.fwd_seconds + r.bwd_seconds));
+    if (c->rank == 0) {
+      all_ok &= self_check(c, o, check_seq);
+      if (c->size > 1) all_ok &= cp_check(c, &o, &r);
+    }
+    job_result_free(&r);
+    job_free(&j);
+    if (cli_sync(c)) return 1;
+  }
+  MPI_Bcast(&all_ok, 1, MPI_INT, 0, c->comm);
+  cli_say(c, "demo: %s\n", all_ok ? "all checks passed" : "SOME CHECKS FAILED");
+  return all_ok ? 0 : 1;
+}

@@ -1,0 +1,132 @@
+/* cmd_train.c: `dsv4cp train --steps K`: K steps of plain SGD on one layer with a fixed synthetic
+ * objective, printing the loss per step; run with CP = 1 and CP = N to see the same losses (the
+ * design documents' loss-equivalence test).
+ *   objective = 0.5 sum_rows ||out - y||^2 / (T d) + indexer_loss,   y seeded random
+ *   w <- w - lr * (rank-summed gradient)
+ * The squared-error sum is reduced exactly (fixed point, util/exactsum.h) so that, given bitwise
+ * equal outputs, every rank count prints the same bits. Weight gradients are sums over tokens
+ * whose order depends on the split, so from step 2 on the losses agree to SPEC 6's tolerance
+ * rather than bitwise. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsv4cp_mpi.h"
+#include "job.h"
+#include "model/weights.h"
+#include "util/exactsum.h"
+#include "util/rng.h"
+
+#define TARGET_STREAM "train.target"
+#define DEFAULT_STEPS 5
+#define DEFAULT_LR 0.05
+
+/* Sum over ranks of the local terms, exactly (every rank gets the same bits). */
+static double exact_allsum(cli_ctx *c, const double *terms, int64_t n) {
+  dsv4_exactsum mine = 0, *all = malloc(sizeof(dsv4_exactsum) * (size_t)c->size);
+  for (int64_t i = 0; i < n; i++) mine += dsv4_exactsum_term(terms[i]);
+  MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, c->comm);
+  dsv4_exactsum tot = 0;
+  for (int r = 0; r < c->size; r++) tot += all[r];
+  free(all);
+  return dsv4_exactsum_value(tot);
+}
+
+/* The SGD loop; returns after recording any error in c. */
+static void train(cli_ctx *c, job *j, int64_t steps, double lr) {
+  const int64_t d = j->cfg.dim, n = j->n;
+  dsv4_layer *l = NULL;
+  dsv4_comm *comm = NULL;
+  dsv4_weights *g = NULL;
+  float *out = malloc(sizeof(float) * (size_t)(n * d + 1)), *y = malloc(sizeof(float) * (size_t)(n * d + 1));
+  float *dout = malloc(sizeof(float) * (size_t)(n * d + 1)), *dx = malloc(sizeof(float) * (size_t)(n * d + 1));
+  double *terms = malloc(sizeof(double) * (size_t)(n + 1));
+  if (!out || !y || !dout || !dx || !terms) {
+    cli_error(c, "out of memory");
+    goto done;
+  }
+  const uint64_t ys = dsv4_name_stream(TARGET_STREAM);
+  for (int64_t i = 0; i < n; i++) dsv4_random_fill(y + i * d, d, j->seed, ys, j->rows[i] * d, 1.0f);
+  if (cli_lib(c, dsv4_layer_create(&l, &j->cfg, j->layer, j->w))) goto done;
+  if (c->size > 1) {
+    if (cli_lib(c, dsv4_comm_create_mpi(&comm, c->comm))) goto done;
+    if (cli_lib(c, dsv4_cp_patch(dsv4_layer_core(l), comm, &j->cp))) goto done;
+  }
+  if (cli_lib(c, dsv4_weights_create(&g, &j->cfg, j->layer))) goto done;
+  const double norm = 1.0 / ((double)j->T * d);
+  for (int64_t step = 1; step <= steps; step++) {
+    float iloss = 0;
+    if (cli_lib(c, dsv4_layer_forward(l, out, NULL, &iloss, j->x, n, &j->pk, 1))) goto done;
+    for (int64_t i = 0; i < n; i++) {
+      double s = 0;
+      for (int64_t e = 0; e < d; e++) {
+        const double r = (double)out[i * d + e] - y[i * d + e];
+        s += r * r;
+        dout[i * d + e] = (float)(r * norm);
+      }
+      terms[i] = 0.5 * s * norm;
+    }
+    const double mse = exact_allsum(c, terms, n);
+    cli_say(c, "step %lld  loss %.9e  (squared error %.9e + indexer %.9e)\n", (long long)step,
+            mse + iloss, mse, (double)iloss);
+    dsv4_weights_zero(g);
+    if (cli_lib(c, dsv4_layer_backward(l, dx, g, dout, 1.0f))) goto done;
+    if (comm && cli_lib(c, dsv4_cp_allreduce_grads(comm, g))) goto done;
+    for (int i = 0; i < dsv4_weights_count(g); i++) {
+      dsv4_tensor tw, tg;
+      dsv4_weights_get(j->w, i, &tw);
+      dsv4_weights_get(g, i, &tg);
+      for (int64_t e = 0; e < tw.numel; e++) tw.data[e] -= (float)(lr * tg.data[e]);
+    }
+  }
+done:
+  dsv4_weights_free(g);
+  dsv4_layer_free(l);
+  dsv4_comm_free(comm);
+  free(out);
+  free(y);
+  free(dout);
+  free(dx);
+  free(terms);
+}
+
+int cmd_train(cli_ctx *c, int argc, char **argv) {
+  static const char *USAGE =
+      "usage: [mpirun -np N] dsv4cp train (--config config.json | --preset NAME) --layer L --steps K [options]\n"
+      "\n"
+      "K steps of plain SGD on one layer with the objective 0.5 ||out - y||^2 / (T d) + indexer_loss\n"
+      "(y seeded random); prints the loss per step. CP = 1 and CP = N print the same losses: bitwise at\n"
+      "step 1, within SPEC 6's tolerance after (weight gradients are summed in a split-dependent order).";
+  job_opts o = {0};
+  const char *threads = NULL, *steps_s = NULL, *lr_s = NULL;
+  cli_opt opts[24];
+  int k = job_common_opts(&o, opts);
+  opts[k++] = (cli_opt){"steps", "K", "SGD steps (default 5)", &steps_s, NULL};
+  opts[k++] = (cli_opt){"lr", "RATE", "learning rate (default 0.05)", &lr_s, NULL};
+  opts[k++] = (cli_opt){"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL};
+  opts[k] = (cli_opt){0};
+  int p = cli_parse(c, argc, argv, 2, opts, USAGE);
+  if (p == 1) return 0;
+  int64_t steps = DEFAULT_STEPS;
+  double lr = DEFAULT_LR;
+  if (p == 0 && steps_s) cli_int(c, "steps", steps_s, 1, 1000000, &steps);
+  if (p == 0 && lr_s) {
+    char *end = NULL;
+    lr = strtod(lr_s, &end);
+    if (!*lr_s || *end || !(lr > 0) || !isfinite(lr)) cli_error(c, "--lr: '%s' is not a positive number", lr_s);
+  }
+  if (o.grad && !c->err[0]) cli_error(c, "--grad-output: train builds its own objective");
+  if (!c->err[0]) cli_set_threads(c, threads);
+  if (cli_sync(c)) return 1;
+  job j;
+  job_load(c, &j, &o);
+  if (!cli_sync(c)) {
+    cli_say(c, "train: layer %d (compress ratio %d), T = %lld, CP = %d, lr %g\n", j.layer, j.ratio,
+            (long long)j.T, c->size, lr);
+    train(c, &j, steps, lr);
+  }
+  int failed = cli_sync(c);
+  job_free(&j);
+  return failed;
+}
