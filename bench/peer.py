@@ -97,7 +97,10 @@ DTYPE = torch.float32
 NO_SLOT = -1                     # padding of the selected-slot table
 DEFAULT_CHUNK = 1024             # queries per attention chunk
 DEFAULT_MEM_LIMIT_GIB = 20.0     # address-space limit of the process
-CHECKPOINT_BUDGET_GIB = 10.0     # --checkpoint auto: checkpoint when saved tensors would exceed this
+# --checkpoint auto: checkpoint when saved_bytes_estimate() exceeds this. Measured with V4-Flash dims,
+# r = 4: S = 4096 estimates 10.3 GiB and peaks at 11.7 GiB RSS (no checkpoint); S = 8192 estimates
+# 20.5 GiB, which would not fit a 20 GiB limit, so it is checkpointed.
+CHECKPOINT_BUDGET_GIB = 14.0
 DEFAULT_SEED = 0
 DEFAULT_REPS = 3
 TOL_OUT = 1e-4                   # SPEC 8: out (and the loss) vs the float64 reference
@@ -701,10 +704,12 @@ def main(argv=None):
     set_memory_limit(a.mem_limit_gib)
     try:
         return run_bench(a) if a.mode == "bench" else run_check(a)
-    except (PeerError, ValueError, OSError) as e:
-        print(f"peer.py: {e}", file=sys.stderr)
+    except (PeerError, ValueError, OSError, RuntimeError, MemoryError) as e:
+        message = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        print(f"peer.py: {message}", file=sys.stderr)
         if a.mode == "bench":
-            write_json(a.json, {"error": str(e)})
+            write_json(a.json, {"error": message, "ratio": a.ratio, "seq": a.seq, "threads": a.threads,
+                                "peak_rss_bytes": peak_rss_bytes()})
         return EXIT_RUN_FAILED
 
 

@@ -140,6 +140,9 @@ typedef struct {
   const uint8_t *real; /* [n] 1 = real token, 0 = padding */
 } dsv4_token_map;
 
+/* Which implementation runs: the fast kernels (BLAS, OpenMP) or the naive reference loops. */
+typedef enum { DSV4_IMPL_FAST = 0, DSV4_IMPL_NAIVE = 1 } dsv4_impl;
+
 /* ---------------------------------------------------------------------------------------------
  * The three operators, usable on their own. Each has a fast version and a naive reference (_ref)
  * with the same arguments. Row indices in the argument structs are into the tensors passed, so the
@@ -238,13 +241,52 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a);
 dsv4_status dsv4_indexer_kl_loss_ref(const dsv4_kl_args *a);
 
 /* ---------------------------------------------------------------------------------------------
+ * Distributed layouts of the three operators (SPEC 5). Every tensor argument carries a placement
+ * on the CP mesh of `nranks` ranks; each operator's infer rule returns the output placements or
+ * rejects the layout with DSV4_ERR_LAYOUT and a message naming the argument. With nranks == 1
+ * every placement is local and the operators are the plain single-rank ones.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum {
+  DSV4_PLACE_REPLICATE = 0, /* every rank holds the whole tensor */
+  DSV4_PLACE_SHARD_SEQ,     /* split along the sequence (the rank's tokens) */
+  DSV4_PLACE_SHARD_HEAD,    /* split along heads or head dim: never accepted */
+  DSV4_PLACE_PARTIAL_SUM,   /* every rank holds a partial sum of the whole tensor */
+  DSV4_PLACE_WINDOW         /* the rank's rows preceded by a prepared left halo of `halo` rows */
+} dsv4_place_kind;
+
+typedef struct {
+  dsv4_place_kind kind;
+  int64_t halo;             /* DSV4_PLACE_WINDOW: halo rows in front of the local rows */
+} dsv4_placement;
+
+const char *dsv4_placement_name(dsv4_placement p); /* "SHARD(seq)", "WINDOW(127)", ... */
+
+/* lightning_indexer: in = {q_idx, k_idx, weights}; out = {topk_ids, topk_scores}. */
+dsv4_status dsv4_lightning_indexer_infer(int nranks, const dsv4_placement in[3], dsv4_placement out[2]);
+/* sparse_attn_sharedkv: in = {q, ori_kv, cmp_kv, cmp_ids, sink} (cmp_* REPLICATE when absent);
+ * out = {out, lse}; backward outputs bwd = {dq, d_ori_kv, d_cmp_kv, d_sink}. */
+dsv4_status dsv4_sparse_attn_infer(int nranks, const dsv4_placement in[5], dsv4_placement out[2],
+                                   dsv4_placement bwd[4]);
+/* indexer_kl_loss: in = {q, cmp_kv, topk_ids, q_idx, k_idx, weights};
+ * out = {loss, d_q_idx, d_weights, d_k_idx}. */
+dsv4_status dsv4_indexer_kl_loss_infer(int nranks, const dsv4_placement in[6], dsv4_placement out[4]);
+
+/* The operators behind their infer rules: the layout is checked (and a WINDOW placement checked
+ * against the argument's row counts) before the local kernel runs. impl picks fast or naive. */
+dsv4_status dsv4_lightning_indexer_dist(const dsv4_indexer_args *a, int nranks, const dsv4_placement in[3],
+                                        dsv4_impl impl);
+dsv4_status dsv4_sparse_attn_dist(const dsv4_attn_args *a, int nranks, const dsv4_placement in[5], dsv4_impl impl);
+dsv4_status dsv4_sparse_attn_bwd_dist(const dsv4_attn_bwd_args *a, int nranks, const dsv4_placement in[5],
+                                      dsv4_impl impl);
+dsv4_status dsv4_indexer_kl_loss_dist(const dsv4_kl_args *a, int nranks, const dsv4_placement in[6],
+                                      dsv4_impl impl);
+
+/* ---------------------------------------------------------------------------------------------
  * Core attention: everything after the q/kv projections and before the output projection
  * (compressor, indexer, sink, sparse attention, KL loss). Its forward and backward are called
  * through function pointers so that dsv4_cp_patch can swap them; the model code never changes.
  * ------------------------------------------------------------------------------------------- */
 typedef struct dsv4_core dsv4_core;
-
-typedef enum { DSV4_IMPL_FAST = 0, DSV4_IMPL_NAIVE = 1 } dsv4_impl;
 
 typedef struct {
   float *o;                 /* [n, H, D] out: attention output per head, before inverse RoPE */

@@ -196,6 +196,7 @@ dsv4_status cp_make_layout(void *s, const dsv4_docs *docs, int64_t n_local, int 
 
 const dsv4_exchange *cp_exchange(cp_state *st, dsv4_exchange *x) {
   *x = (dsv4_exchange){.st = st,
+                       .nranks = st->comm->size,
                        .agree = cp_agree,
                        .layout = cp_make_layout,
                        .cmp_halo = x_cmp_halo,

@@ -91,6 +91,7 @@ static dsv4_status local_blocks_rs(void *st, const dsv4_layout *lay, const float
 
 static const dsv4_exchange LOCAL_EXCHANGE = {
     .st = NULL,
+    .nranks = 1,
     .agree = local_agree,
     .layout = local_layout,
     .cmp_halo = local_cmp_halo,

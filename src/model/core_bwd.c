@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core_internal.h"
+#include "cp/layout.h"
 #include "model/weights.h"
 #include "util/err.h"
 
@@ -91,7 +92,9 @@ static dsv4_status indexer_backward(dsv4_core *c, const dsv4_core_bwd_args *a, c
                      .D = c->cfg.head_dim, .Hi = Hi, .Di = Di, .topk = c->cfg.index_topk,
                      .dense = c->cfg.index_loss_mode == DSV4_KL_DENSE,
                      .scale = (float)(1.0 / sqrt((double)c->cfg.head_dim)), .grad_scale = (float)gs};
-  DSV4_TRY(K->kl(&ka));
+  dsv4_placement places[6];
+  dsv4_kl_places(places);
+  DSV4_TRY(dsv4_indexer_kl_loss_dist(&ka, x->nranks, places, c->impl));
   /* w = (weights_proj x) * s  ->  d weights_proj += (s dw)^T x;  qI = RoPE(wq_b qr)  ->  RoPE^T */
   const float wscale = (float)(1.0 / sqrt((double)Di * Hi));
 #pragma omp parallel for schedule(static)
@@ -113,7 +116,6 @@ fail:
 dsv4_status dsv4_core_run_backward(dsv4_core *c, const dsv4_core_bwd_args *a, const dsv4_exchange *x) {
   dsv4_status rc = DSV4_OK;
   dsv4_core_saved *sv = &c->sv;
-  const dsv4_kernels *K = dsv4_kernels_get(c->impl);
   const int r = c->ratio, H = c->cfg.n_heads, D = c->cfg.head_dim;
   float *d_ext = NULL, *d_cmp = NULL;
   DSV4_CHECK(sv->valid, DSV4_ERR_STATE, "core backward called without a training forward (train = 1)");
@@ -134,7 +136,9 @@ dsv4_status dsv4_core_run_backward(dsv4_core *c, const dsv4_core_bwd_args *a, co
               .cmp_begin = sv->cmp_begin, .cmp_count = sv->cmp_count, .sink = dsv4_w(c->w, W_SINK),
               .S1 = n, .R = lay->R_kv, .C = sv->docs.n_cmp, .H = H, .D = D,
               .n_cmp_ids = r == 4 ? c->cfg.index_topk : 0, .scale = (float)(1.0 / sqrt((double)D))}};
-  DSV4_TRY(K->attn_bwd(&ab));
+  dsv4_placement places[5];
+  dsv4_attn_places(places, lay->R_kv - n);
+  DSV4_TRY(dsv4_sparse_attn_bwd_dist(&ab, x->nranks, places, c->impl));
   if (sv->kv_ext) {
     DSV4_TRY(x->win_halo_bwd(x->st, lay, d_ext, D));
     for (int s = 0; s < lay->n_seg; s++) {

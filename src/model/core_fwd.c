@@ -9,6 +9,7 @@
 
 #include "core_internal.h"
 #include "model/weights.h"
+#include "cp/layout.h"
 #include "ops/sparse_attn.h"
 #include "util/err.h"
 #include "util/gemm.h"
@@ -173,7 +174,9 @@ static dsv4_status kl_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const d
                      .Hi = c->cfg.index_n_heads, .Di = c->cfg.index_head_dim, .topk = c->cfg.index_topk,
                      .dense = c->cfg.index_loss_mode == DSV4_KL_DENSE,
                      .scale = (float)(1.0 / sqrt((double)c->cfg.head_dim))};
-  DSV4_TRY(dsv4_kernels_get(c->impl)->kl(&ka));
+  dsv4_placement places[6];
+  dsv4_kl_places(places);
+  DSV4_TRY(dsv4_indexer_kl_loss_dist(&ka, x->nranks, places, c->impl));
   dsv4_exactsum total = 0;
   for (int64_t i = 0; i < a->n; i++) total += dsv4_exactsum_term(rows[i]);
   DSV4_TRY(x->reduce_loss(x->st, &total, &n_valid));
@@ -199,7 +202,6 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
   dsv4_core_saved *sv = &c->sv;
   float *blk = NULL, *all = NULL, *blk_i = NULL, *all_i = NULL, *ml = NULL;
   const int r = c->ratio, H = c->cfg.n_heads, D = c->cfg.head_dim;
-  const dsv4_kernels *K = dsv4_kernels_get(c->impl);
   dsv4_core_saved_free(sv);
   DSV4_TRY(check_args(c, a));
   DSV4_TRY(x->agree(x->st, c, a->pk, a->n));
@@ -246,7 +248,10 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
                        .win_start = sv->win_start, .win_len = sv->win_len,
                        .sink = dsv4_w(c->w, W_SINK), .S1 = n, .R = sv->lay.R_kv, .H = H, .D = D,
                        .scale = (float)(1.0 / sqrt((double)D))};
+  dsv4_placement places[5];
+  dsv4_attn_places(places, sv->lay.R_kv - n);
   if (c->impl == DSV4_IMPL_FAST) {
+    DSV4_TRY(dsv4_attn_layout_check(&at, x->nranks, places));
     DSV4_ALLOC(ml, 2 * n * H + 1);
     DSV4_TRY(dsv4_sparse_attn_window(&at, ml, ml + n * H));
   }
@@ -266,7 +271,9 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
                             .vis_begin = sv->cmp_begin, .vis_count = sv->cmp_count, .S1 = n,
                             .C = sv->docs.n_cmp, .Hi = c->cfg.index_n_heads,
                             .Di = c->cfg.index_head_dim, .topk = k};
-    DSV4_TRY(K->indexer(&ia));
+    dsv4_placement iplaces[3];
+    dsv4_indexer_places(iplaces);
+    DSV4_TRY(dsv4_lightning_indexer_dist(&ia, x->nranks, iplaces, c->impl));
     if (a->topk_ids) memcpy(a->topk_ids, sv->topk, sizeof(int32_t) * (size_t)(n * k));
     at.cmp_ids = sv->topk;
     at.n_cmp_ids = k;
@@ -274,7 +281,7 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
   if (c->impl == DSV4_IMPL_FAST)
     DSV4_TRY(dsv4_sparse_attn_finish(&at, ml, ml + n * H));
   else
-    DSV4_TRY(K->attn(&at));
+    DSV4_TRY(dsv4_sparse_attn_dist(&at, x->nranks, places, c->impl));
   if (r == 4) {
     float loss = 0;
     DSV4_TRY(kl_forward(c, a, x, &loss));

@@ -57,6 +57,7 @@ void dsv4_layout_free(dsv4_layout *lay);
  * indexer's. */
 typedef struct {
   void *st;
+  int nranks;      /* the CP mesh size the operators' layouts are checked against */
   /* First call of a forward: every rank checks that all agree on the config, the packing meta and
    * the local row count (so that a bad input fails on every rank instead of hanging one). */
   dsv4_status (*agree)(void *st, const dsv4_core *c, const dsv4_packing *pk, int64_t n_local);

@@ -116,7 +116,7 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
       s.Kc = blk; s.Ki = s.Kc + nmax * D; s.dKi = s.Ki + nmax * Di; s.Z = s.dKi + nmax * Di;
       s.SI = s.Z + nmax * H; s.t = s.SI + nmax * Hi; s.I = s.t + nmax;
     }
-#pragma omp for schedule(dynamic, 8)
+#pragma omp for schedule(static, 8) /* fixed assignment: per-thread gradient sums are reproducible */
     for (int64_t p = 0; p < a->S1; p++) {
       terms[p] = 0;
       if (failed) continue;

@@ -219,7 +219,7 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
 #pragma omp atomic write
       failed = 1;
     }
-#pragma omp for schedule(dynamic, 16)
+#pragma omp for schedule(static, 8) /* fixed assignment: per-thread gradient sums are reproducible */
     for (int64_t p = 0; p < a->S1; p++) {
       if (failed) continue;
       float *dP = S + H * nmax, *Kc = dP + H * nmax, *dKc = Kc + ncmax * D, *delta = dKc + ncmax * D;

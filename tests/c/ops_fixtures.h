@@ -1,8 +1,9 @@
 /* ops_fixtures.h: seeded random problems for the operator tests (test_ops_fwd.c, test_ops_grad.c):
  * sparse attention, lightning indexer, indexer KL loss and compressor, each with its edge cases
  * built in by flags (padding queries, -1 holes anywhere in id lists, repeated ids, empty visible
- * sets, out_row mappings, halo rows), plus subsets with shifted row indices for the position
- * invariance checks, comparison helpers and central finite differences.
+ * sets, out_row mappings, halo rows), the shared case tables (hand-picked edge cases, then a sweep
+ * of seeded random shapes), subsets with shifted row indices for the position invariance checks,
+ * comparison helpers and central finite differences.
  * Header-only (static inline) because the Makefile links each test with testutil.o alone. */
 #ifndef DSV4_OPS_FIXTURES_H
 #define DSV4_OPS_FIXTURES_H
@@ -17,6 +18,9 @@
 #include "ops/rope.h"
 #include "testutil.h"
 #include "util/rng.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Unit roundoff of fp32 (2^-24): the relative error of one rounded operation. */
 #define U32 (1.0 / 16777216.0)
@@ -568,8 +572,23 @@ static const attn_spec ATTN_CASES[] = {
     {9, 4, 2, 8, 3, 0, CMP_IDS, 3, 1, 0, 0, 0, 10},     /* every query is padding */
     {12, 0, 2, 8, 4, 0, CMP_IDS, 4, 0, 0, 0, 0, 11},    /* C = 0: every id is -1 */
     {20, 40, 16, 16, 5, 0, CMP_RANGE, 0, 0, 0, 0, 0, 12},
+    {6, 3, 2, 8, 3, 0, CMP_IDS, 0, 0, 0, 0, 0, 13},     /* id lists of width 0 */
 };
 #define N_ATTN_CASES (int)(sizeof ATTN_CASES / sizeof ATTN_CASES[0])
+
+static const idx_spec IDX_CASES[] = {
+    /* S1 C Hi Di topk empty_every exact seed */
+    {1, 1, 1, 8, 1, 0, 0, 1},       /* one token, one key */
+    {9, 13, 4, 16, 5, 3, 0, 2},     /* some empty visible sets */
+    {6, 5, 2, 8, 12, 0, 0, 3},      /* topk larger than every visible set */
+    {20, 64, 1, 32, 8, 4, 0, 4},    /* one head */
+    {7, 0, 2, 8, 4, 0, 0, 5},       /* C = 0: nothing visible anywhere */
+    {3, 1500, 4, 16, 40, 0, 0, 6},  /* more keys than one KEY_CHUNK (1024) */
+    {30, 200, 8, 32, 16, 5, 0, 7},
+    {25, 300, 2, 4, 17, 0, 1, 8},   /* exact scores, few distinct values: many ties */
+    {12, 40, 1, 2, 9, 0, 1, 9},     /* exact, one head: about half the scores are ReLU zeros */
+};
+#define N_IDX_CASES (int)(sizeof IDX_CASES / sizeof IDX_CASES[0])
 
 static const cmp_spec CMP_CASES[] = {
     /* ratio D rope slots halo prev out_map seed */
@@ -596,6 +615,66 @@ static const kl_case KL_CASES[] = {
     {{16, 100, 8, 16, 24, 5, 0, 6}, 1, 64},/* one main head */
 };
 #define N_KL_CASES (int)(sizeof KL_CASES / sizeof KL_CASES[0])
+
+/* Sweeps: case c is the table's hand-picked case c, then N_RANDOM_CASES cases with sizes and
+ * edge-case flags drawn from c (fixed seeds: every run checks the same shapes). */
+#define N_RANDOM_CASES 24
+#define N_ATTN_ALL (N_ATTN_CASES + N_RANDOM_CASES)
+#define N_IDX_ALL (N_IDX_CASES + N_RANDOM_CASES)
+#define N_CMP_ALL (N_CMP_CASES + N_RANDOM_CASES)
+#define N_KL_ALL (N_KL_CASES + N_RANDOM_CASES)
+
+static inline int pick(tu_rng *g, const int *v, int n) { return v[rng_below(g, n)]; }
+/* 0 (flag off) or a period in [lo, lo + span). */
+static inline int maybe_every(tu_rng *g, int lo, int span) { return rng_below(g, 2) ? lo + (int)rng_below(g, span) : 0; }
+
+static inline attn_spec attn_case(int c) {
+  if (c < N_ATTN_CASES) return ATTN_CASES[c];
+  static const int DS[] = {4, 8, 16, 24, 40, 64};
+  tu_rng g = {1000 + (uint64_t)c, 0};
+  attn_spec s = {0};
+  s.S1 = 1 + rng_below(&g, 40); s.C = rng_below(&g, 48); s.H = 1 + (int)rng_below(&g, 8);
+  s.D = pick(&g, DS, 6); s.W = 1 + (int)rng_below(&g, 24); s.halo = (int)rng_below(&g, 2 * s.W);
+  s.mode = (cmp_mode)rng_below(&g, 3); s.n_ids = (int)rng_below(&g, 20);
+  s.pad_every = maybe_every(&g, 2, 6); s.empty_every = maybe_every(&g, 2, 5);
+  s.hole_every = maybe_every(&g, 2, 4); s.repeat = (int)rng_below(&g, 2); s.seed = 1000 + c;
+  return s;
+}
+
+static inline idx_spec idx_case(int c) {
+  if (c < N_IDX_CASES) return IDX_CASES[c];
+  static const int DIS[] = {2, 4, 8, 16, 32};
+  tu_rng g = {2000 + (uint64_t)c, 0};
+  idx_spec s = {0};
+  s.S1 = 1 + rng_below(&g, 30); s.C = rng_below(&g, 300); s.Hi = 1 + (int)rng_below(&g, 8);
+  s.Di = pick(&g, DIS, 5); s.topk = 1 + (int)rng_below(&g, 40); s.empty_every = maybe_every(&g, 2, 5);
+  s.exact = rng_below(&g, 4) == 0; s.seed = 2000 + c;
+  return s;
+}
+
+static inline cmp_spec cmp_case(int c) {
+  if (c < N_CMP_CASES) return CMP_CASES[c];
+  static const int D4[] = {4, 8, 16, 32}, D128[] = {4, 8};
+  tu_rng g = {3000 + (uint64_t)c, 0};
+  cmp_spec s = {0};
+  s.ratio = rng_below(&g, 4) ? 4 : 128;
+  s.D = s.ratio == 4 ? pick(&g, D4, 4) : pick(&g, D128, 2);
+  s.rope_dim = 2 * (1 + (int)rng_below(&g, s.D / 2));
+  s.n_slots = s.ratio == 4 ? rng_below(&g, 20) : rng_below(&g, 4);
+  s.halo = (int)rng_below(&g, 9); s.prev = (prev_mode)rng_below(&g, 3); s.out_map = (int)rng_below(&g, 2);
+  s.seed = 3000 + c;
+  return s;
+}
+
+static inline kl_case kl_case_at(int c) {
+  if (c < N_KL_CASES) return KL_CASES[c];
+  static const int DS[] = {8, 16, 32};
+  tu_rng g = {4000 + (uint64_t)c, 0};
+  kl_case k = {idx_case(N_IDX_CASES + c), 1 + (int)rng_below(&g, 4), pick(&g, DS, 3)};
+  k.ix.exact = 0; /* integer inputs put ReLU arguments exactly on the kink (see test_kl_grad) */
+  k.ix.C = imin64(k.ix.C, 120);
+  return k;
+}
 
 /* max|C| / rms(pooled) over slots, in double: how much the RMSNorm amplifies pooling error. */
 static inline double cmp_amplification(const cmp_prob *P) {

@@ -101,16 +101,16 @@ static void test_rope(void) {
 /* ============================================================================================
  * Compressor
  * ========================================================================================== */
-
 /* Fast vs naive. Pooling sums n_rows (8 or 4 for r = 4, 128) fp32 terms with expf (fast) against
  * double (naive): |error| <= ~2 n_rows u max|C|; RMSNorm divides by rms(pooled), multiplying the
  * relative error by max|C| / rms(pooled) (computed); RoPE adds 8u. Unmapped out rows keep their
  * contents; prev_row NULL and all -1 are the same; out_row only moves rows (same bits). */
 static void test_compressor(void) {
   char d[128], name[256];
-  for (int c = 0; c < N_CMP_CASES; c++) {
+  for (int c = 0; c < N_CMP_ALL; c++) {
+    const cmp_spec sp0 = cmp_case(c);
     cmp_prob P;
-    cmp_make(&P, &CMP_CASES[c]);
+    cmp_make(&P, &sp0);
     cmp_desc(&P, d, sizeof d);
     const int64_t n_out = P.rows_out * P.sp.D;
     const int n_rows = P.sp.ratio == 4 ? (P.prev_row ? 8 : 4) : 128;
@@ -129,7 +129,7 @@ static void test_compressor(void) {
       for (int64_t i = 0; i < n_out; i += 2 * P.sp.D)
         for (int e = 0; e < P.sp.D; e++) untouched &= fast[i + e] == 7.0f && ref[i + e] == 7.0f;
       tu_check(untouched, "compressor: rows outside out_row untouched (fast, naive): %s", d);
-      cmp_spec sp = CMP_CASES[c];
+      cmp_spec sp = sp0;
       sp.out_map = 0;
       cmp_prob U;
       cmp_make(&U, &sp);
@@ -141,7 +141,7 @@ static void test_compressor(void) {
       cmp_free(&U);
     }
     if (P.sp.ratio == 4 && P.sp.prev != PREV_ROWS) {
-      cmp_spec sp = CMP_CASES[c];
+      cmp_spec sp = sp0;
       sp.prev = sp.prev == PREV_NULL ? PREV_ALL_NONE : PREV_NULL;
       cmp_prob U;
       cmp_make(&U, &sp);
@@ -159,20 +159,6 @@ static void test_compressor(void) {
 /* ============================================================================================
  * Lightning indexer and the top-k contract
  * ========================================================================================== */
-static const idx_spec IDX_CASES[] = {
-    /* S1 C Hi Di topk empty_every exact seed */
-    {1, 1, 1, 8, 1, 0, 0, 1},       /* one token, one key */
-    {9, 13, 4, 16, 5, 3, 0, 2},     /* some empty visible sets */
-    {6, 5, 2, 8, 12, 0, 0, 3},      /* topk larger than every visible set */
-    {20, 64, 1, 32, 8, 4, 0, 4},    /* one head */
-    {7, 0, 2, 8, 4, 0, 0, 5},       /* C = 0: nothing visible anywhere */
-    {3, 1500, 4, 16, 40, 0, 0, 6},  /* more keys than one KEY_CHUNK (1024) */
-    {30, 200, 8, 32, 16, 5, 0, 7},
-    {25, 300, 2, 4, 17, 0, 1, 8},   /* exact scores, few distinct values: many ties */
-    {12, 40, 1, 2, 9, 0, 1, 9},     /* exact, one head: about half the scores are ReLU zeros */
-};
-#define N_IDX_CASES (int)(sizeof IDX_CASES / sizeof IDX_CASES[0])
-
 /* I[p, row] in double, and the same sum of absolute values (its rounding-error scale). */
 static double index_score(const idx_prob *P, int64_t p, int64_t row, double *absval) {
   const int Hi = P->sp.Hi, Di = P->sp.Di;
@@ -236,6 +222,10 @@ static void run_topk(idx_prob *P, dsv4_status (*fn)(const dsv4_indexer_args *), 
   int bad = topk_contract_errors(P, ids, sc, idf, scf, full);
   tu_check(!bad, "indexer %s top-k contract (order score desc/id asc, ties to smaller id, -1/-inf "
            "padding, prefix of full list): %s (%d bad queries)", impl, d, bad);
+  a = P->a; /* topk_scores may be NULL: same ids */
+  a.topk_scores = NULL;
+  tu_ok(fn(&a), impl);
+  tu_check(!memcmp(P->ids, ids, sizeof(int32_t) * n), "indexer %s: topk_scores NULL gives the same ids: %s", impl, d);
 }
 
 /* Fast vs naive. Scores: the fast path sums Di fp32 products (BLAS), then Hi weighted ReLU terms;
@@ -245,9 +235,10 @@ static void run_topk(idx_prob *P, dsv4_status (*fn)(const dsv4_indexer_args *), 
  * Exact cases: same bits, and the naive scores equal the exact value. */
 static void test_indexer(void) {
   char d[128];
-  for (int c = 0; c < N_IDX_CASES; c++) {
+  for (int c = 0; c < N_IDX_ALL; c++) {
+    const idx_spec sp = idx_case(c);
     idx_prob P;
-    idx_make(&P, &IDX_CASES[c]);
+    idx_make(&P, &sp);
     const idx_spec *s = &P.sp;
     const int k = s->topk;
     int full = 1;
@@ -307,7 +298,6 @@ static void test_indexer_identical_keys(void) {
 /* ============================================================================================
  * Sparse attention
  * ========================================================================================== */
-
 /* Runs impl into fresh copies of out / lse (buffers pre-filled with `fill`: both are overwritten). */
 static void attn_run(attn_prob *P, dsv4_status (*fn)(const dsv4_attn_args *), float fill, float *out,
                      float *lse) {
@@ -337,9 +327,10 @@ static int padding_zero(const attn_prob *P, const float *out, const float *lse) 
  * plus the few roundings per term (exp, scale, normalise). lse likewise. */
 static void test_sparse_attn(void) {
   char d[160], name[256];
-  for (int c = 0; c < N_ATTN_CASES; c++) {
+  for (int c = 0; c < N_ATTN_ALL; c++) {
+    const attn_spec sp = attn_case(c);
     attn_prob P;
-    attn_make(&P, &ATTN_CASES[c]);
+    attn_make(&P, &sp);
     attn_desc(&P, d, sizeof d);
     const attn_spec *s = &P.sp;
     const int64_t no = s->S1 * s->H * s->D, nl = s->S1 * s->H;
@@ -385,16 +376,15 @@ static void test_sparse_attn(void) {
 /* ============================================================================================
  * KL loss (forward; gradients in test_ops_grad.c)
  * ========================================================================================== */
-
 /* Fast vs naive loss (gradient pointers NULL: the forward-only path). The loss is a sum of
  * t (log t - log s) with O(1) logs; each fp32 log-probability carries about (terms) u absolute error
  * with terms = D + Di dot products, H + Hi head sums and n set entries: 8 (D + Di + H + Hi + n) u per
  * row (rows are compared with a floor of 1, sums relative to the number of valid rows). */
 static void test_kl_forward(void) {
   char d[160], name[256];
-  for (int c = 0; c < N_KL_CASES; c++)
+  for (int c = 0; c < N_KL_ALL; c++)
     for (int dense = 0; dense < 2; dense++) {
-      const kl_case *kc = &KL_CASES[c];
+      const kl_case kcv = kl_case_at(c), *kc = &kcv;
       kl_prob K;
       kl_make(&K, &kc->ix, kc->H, kc->D, dense, 1.0f);
       K.a.d_q_idx = NULL; K.a.d_weights = NULL; K.a.d_k_idx = NULL;
@@ -415,6 +405,10 @@ static void test_kl_forward(void) {
       memcpy(rows, K.loss_rows, sizeof(double) * s->S1);
       loss_f = K.loss;
       const int64_t nv_f = K.n_valid;
+      K.a.loss_rows = NULL; /* may be NULL: same sum */
+      tu_ok(dsv4_indexer_kl_loss(&K.a), "indexer_kl_loss");
+      tu_check(K.loss == loss_f, "kl_loss fast: loss_rows NULL gives the same loss_sum bits: %s", d);
+      K.a.loss_rows = K.loss_rows;
       tu_ok(dsv4_indexer_kl_loss_ref(&K.a), "indexer_kl_loss_ref");
       const double tol = 8 * (K.D + s->Di + K.H + s->Hi + nmax) * U32;
       snprintf(name, sizeof name, "kl_loss fast vs naive loss_rows: %s", d);
@@ -438,9 +432,11 @@ static void test_kl_forward(void) {
  * ========================================================================================== */
 static void test_invariance_attn(void) {
   char d[160], name[256];
-  for (int c = 2; c < N_ATTN_CASES; c++) {
+  for (int c = 0; c < N_ATTN_ALL; c++) {
+    const attn_spec sp = attn_case(c);
+    if (sp.S1 < 2) continue;
     attn_prob P;
-    attn_make(&P, &ATTN_CASES[c]);
+    attn_make(&P, &sp);
     attn_desc(&P, d, sizeof d);
     tu_ok(dsv4_sparse_attn(&P.a), "sparse_attn");
     const int64_t ks[2] = {1, P.sp.S1 / 2}, HD = P.sp.H * P.sp.D;
@@ -462,9 +458,11 @@ static void test_invariance_attn(void) {
 
 static void test_invariance_indexer(void) {
   char name[256];
-  for (int c = 1; c < N_IDX_CASES; c++) {
+  for (int c = 0; c < N_IDX_ALL; c++) {
+    const idx_spec sp = idx_case(c);
+    if (sp.S1 < 2) continue;
     idx_prob P, Q;
-    idx_make(&P, &IDX_CASES[c]);
+    idx_make(&P, &sp);
     tu_ok(dsv4_lightning_indexer(&P.a), "indexer");
     const int64_t k = P.sp.S1 / 3 + 1, topk = P.sp.topk;
     int64_t c0;
@@ -485,9 +483,10 @@ static void test_invariance_indexer(void) {
 
 static void test_invariance_kl(void) {
   char name[256];
-  for (int c = 1; c < N_KL_CASES; c++)
+  for (int c = 0; c < N_KL_ALL; c++)
     for (int dense = 0; dense < 2; dense++) {
-      const kl_case *kc = &KL_CASES[c];
+      const kl_case kcv = kl_case_at(c), *kc = &kcv;
+      if (kc->ix.S1 < 2) continue;
       kl_prob K, Q;
       kl_make(&K, &kc->ix, kc->H, kc->D, dense, 0.75f);
       tu_ok(dsv4_indexer_kl_loss(&K.a), "kl_loss");
@@ -545,10 +544,11 @@ static void cmp_subset(const cmp_prob *P, int64_t k, cmp_prob *Q) {
 
 static void test_invariance_compressor(void) {
   char d[128], name[256];
-  for (int c = 0; c < N_CMP_CASES; c++) {
-    if (CMP_CASES[c].n_slots < 2) continue;
+  for (int c = 0; c < N_CMP_ALL; c++) {
+    const cmp_spec sp = cmp_case(c);
+    if (sp.n_slots < 2) continue;
     cmp_prob P, Q;
-    cmp_make(&P, &CMP_CASES[c]);
+    cmp_make(&P, &sp);
     cmp_desc(&P, d, sizeof d);
     tu_ok(dsv4_compress(&P.a), "compress");
     const int64_t k = P.sp.n_slots / 2, D = P.sp.D;
@@ -562,6 +562,51 @@ static void test_invariance_compressor(void) {
     tu_check(same, "%s", name);
     cmp_free(&P); cmp_free(&Q);
   }
+}
+
+/* The fast forward kernels give the same bits with one thread as with the default count (ranks may
+ * run different thread counts). */
+static void test_thread_invariance(void) {
+#ifdef _OPENMP
+  const int nt = omp_get_max_threads();
+  char d[160], name[256];
+  for (int c = 2; c < N_ATTN_ALL; c += 2) {
+    const attn_spec sp = attn_case(c);
+    attn_prob P;
+    attn_make(&P, &sp);
+    attn_desc(&P, d, sizeof d);
+    const int64_t no = P.sp.S1 * P.sp.H * P.sp.D;
+    tu_ok(dsv4_sparse_attn(&P.a), "sparse_attn");
+    float *o1 = DUP(P.out, no);
+    omp_set_num_threads(1);
+    tu_ok(dsv4_sparse_attn(&P.a), "sparse_attn");
+    omp_set_num_threads(nt);
+    snprintf(name, sizeof name, "sparse_attn fast: 1 thread == %d threads (same bits): %s", nt, d);
+    check_bits(P.out, o1, sizeof(float) * no, name);
+    free(o1);
+    attn_free(&P);
+  }
+  for (int c = 1; c < N_KL_ALL; c += 2) {
+    const kl_case kc = kl_case_at(c);
+    kl_prob K;
+    kl_make(&K, &kc.ix, kc.H, kc.D, 0, 1.0f);
+    const int64_t n = K.ix.sp.S1 * K.ix.sp.topk;
+    tu_ok(dsv4_lightning_indexer(&K.ix.a), "indexer");
+    tu_ok(dsv4_indexer_kl_loss(&K.a), "kl_loss");
+    int32_t *ids = DUP(K.ix.ids, n);
+    float *sc = DUP(K.ix.scores, n);
+    const double loss = K.loss;
+    omp_set_num_threads(1);
+    tu_ok(dsv4_lightning_indexer(&K.ix.a), "indexer");
+    tu_ok(dsv4_indexer_kl_loss(&K.a), "kl_loss");
+    omp_set_num_threads(nt);
+    tu_check(!memcmp(ids, K.ix.ids, sizeof(int32_t) * n) && !memcmp(sc, K.ix.scores, sizeof(float) * n) &&
+                 loss == K.loss, "indexer and kl_loss fast: 1 thread == %d threads (same bits): S1=%lld C=%lld",
+             nt, (long long)K.ix.sp.S1, (long long)K.ix.sp.C);
+    free(ids); free(sc);
+    kl_free(&K);
+  }
+#endif
 }
 
 /* ============================================================================================
@@ -660,7 +705,7 @@ static void test_validation(void) {
 
 int main(void) {
   g_bitwise = dsv4_blas_probe_invariance();
-  if (!g_bitwise) printf("NOTE this BLAS is not row-position invariant: invariance checked to 1e-5\n");
+  if (!g_bitwise) printf("note: this BLAS is not row-position invariant: invariance checked to 1e-5\n");
   test_rmsnorm();
   test_rope();
   test_compressor();
@@ -672,6 +717,7 @@ int main(void) {
   test_invariance_indexer();
   test_invariance_kl();
   test_invariance_compressor();
+  test_thread_invariance();
   test_validation();
   return tu_finish();
 }

@@ -1,0 +1,208 @@
+/* test_layer.c: the layer and core API on the tiny preset: fast against naive (forward and
+ * backward, packed with padding and batched), layer-level central finite differences, the token
+ * map, call-order errors, and the CP code path on a one-rank communicator (which must equal the
+ * unpatched core bitwise: same algorithm, no messages). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+/* Packed inputs with padding. r = 0 and 4: documents [0,32) (30 real), [32,48), [48,64) (9 real);
+ * r = 128 (documents must be multiples of 128): [0,256) (200 real), [256,384). Batched: 2 x 32 or 3 x 128. */
+static const int32_t CU_S[4] = {0, 32, 48, 64}, REAL_S[3] = {30, 16, 9};
+static const int32_t CU_L[3] = {0, 256, 384}, REAL_L[2] = {200, 128};
+static const int32_t CU_BS[3] = {0, 32, 64}, CU_BL[4] = {0, 128, 256, 384};
+
+typedef struct {
+  dsv4_config cfg;
+  dsv4_weights *w, *g;
+  dsv4_layer *l;
+  float *x, *dout, *out, *dx;
+  int32_t *topk;
+  float loss;
+  dsv4_packing pk;
+  int64_t T;
+} fixture;
+
+static int setup(fixture *f, int layer, int batched) {
+  memset(f, 0, sizeof *f);
+  dsv4_config_preset(&f->cfg, "tiny");
+  const int64_t d = f->cfg.dim;
+  const int large = f->cfg.compress_ratios[layer] == 128;
+  f->T = large ? 384 : 64;
+  f->x = malloc(sizeof(float) * f->T * d);
+  f->dout = malloc(sizeof(float) * f->T * d);
+  f->out = malloc(sizeof(float) * f->T * d);
+  f->dx = malloc(sizeof(float) * f->T * d);
+  f->topk = malloc(sizeof(int32_t) * f->T * f->cfg.index_topk);
+  tu_fill(f->x, f->T * d, 11, 1.0f);
+  tu_fill(f->dout, f->T * d, 12, 1.0f);
+  if (batched)
+    f->pk = (dsv4_packing){large ? CU_BL : CU_BS, NULL, large ? 3 : 2, f->T, 1};
+  else
+    f->pk = large ? (dsv4_packing){CU_L, REAL_L, 2, f->T, 0} : (dsv4_packing){CU_S, REAL_S, 3, f->T, 0};
+  return tu_ok(dsv4_weights_create(&f->w, &f->cfg, layer), "weights") && tu_ok(dsv4_weights_init_random(f->w, 5), "init") &&
+         tu_ok(dsv4_weights_create(&f->g, &f->cfg, layer), "grads") &&
+         tu_ok(dsv4_layer_create(&f->l, &f->cfg, layer, f->w), "layer");
+}
+
+static void teardown(fixture *f) {
+  dsv4_layer_free(f->l);
+  dsv4_weights_free(f->w);
+  dsv4_weights_free(f->g);
+  free(f->x), free(f->dout), free(f->out), free(f->dx), free(f->topk);
+}
+
+/* forward + backward; grads zeroed first */
+static int run(fixture *f) {
+  dsv4_weights_zero(f->g);
+  return tu_ok(dsv4_layer_forward(f->l, f->out, f->topk, &f->loss, f->x, f->T, &f->pk, 1), "forward") &&
+         tu_ok(dsv4_layer_backward(f->l, f->dx, f->g, f->dout, 1.0f), "backward");
+}
+
+/* Scalar objective sum(out * dout) + loss in double (for finite differences). */
+static double objective(fixture *f) {
+  if (dsv4_layer_forward(f->l, f->out, f->topk, &f->loss, f->x, f->T, &f->pk, 0) != DSV4_OK) return NAN;
+  double s = f->loss;
+  for (int64_t i = 0; i < f->T * f->cfg.dim; i++) s += (double)f->out[i] * f->dout[i];
+  return s;
+}
+
+/* fast and naive paths: forward to 1e-4, gradients to 1e-3 of each tensor's max (fp32 BLAS sums
+ * against double-accumulated loops over a few hundred terms) */
+static void fast_vs_naive(int layer, int batched) {
+  fixture a, b;
+  if (!setup(&a, layer, batched) || !setup(&b, layer, batched)) return;
+  dsv4_layer_set_impl(b.l, DSV4_IMPL_NAIVE);
+  if (run(&a) && run(&b)) {
+    const char *kind = batched ? "batched" : "packed";
+    tu_close("layer fast vs naive: out", a.out, b.out, a.T * a.cfg.dim, 1e-4, 1e-6);
+    tu_close("layer fast vs naive: dx", a.dx, b.dx, a.T * a.cfg.dim, 1e-3, 1e-6);
+    for (int i = 0; i < dsv4_weights_count(a.g); i++) {
+      dsv4_tensor ta, tb;
+      dsv4_weights_get(a.g, i, &ta);
+      dsv4_weights_get(b.g, i, &tb);
+      char name[128];
+      snprintf(name, sizeof name, "layer %d %s fast vs naive: grad %s", layer, kind, ta.name);
+      tu_close(name, ta.data, tb.data, ta.numel, 1e-3, 1e-12);
+    }
+    if (a.cfg.compress_ratios[layer] == 4)
+      tu_check(!memcmp(a.topk, b.topk, sizeof(int32_t) * a.T * a.cfg.index_topk),
+               "layer %d %s fast vs naive: top-k identical", layer, kind);
+    int pad_zero = 1;
+    for (int t = 0; t < a.T && !batched; t++) {
+      int doc = 0;
+      while (t >= a.pk.cu_seqlens[doc + 1]) doc++;
+      if (t - a.pk.cu_seqlens[doc] >= a.pk.seqlens_real[doc])
+        for (int e = 0; e < a.cfg.dim; e++) pad_zero &= a.out[t * a.cfg.dim + e] == 0 && a.dx[t * a.cfg.dim + e] == 0;
+    }
+    tu_check(pad_zero, "layer %d %s: padding rows have exactly zero out and dx", layer, kind);
+  }
+  teardown(&a);
+  teardown(&b);
+}
+
+/* Central differences of the objective against the naive backward, on a few elements. h = 5e-3
+ * keeps fp32 rounding of the ~1e2-sized sum (~1e-5) small against the slope; tolerance 2%.
+ * Elements whose perturbation changes the top-k (a discontinuity) are avoided by choice of tensor:
+ * for r = 4 only tensors the indexer does not read. */
+static void finite_differences(int layer, const char *tensor, int n_probe) {
+  fixture f;
+  if (!setup(&f, layer, 0)) return;
+  dsv4_layer_set_impl(f.l, DSV4_IMPL_NAIVE);
+  if (run(&f)) {
+    float *p = strcmp(tensor, "x") ? dsv4_weights_find(f.w, tensor) : f.x;
+    const float *g = strcmp(tensor, "x") ? dsv4_weights_find(f.g, tensor) : f.dx;
+    int64_t n = strcmp(tensor, "x") ? 0 : f.T * f.cfg.dim;
+    for (int i = 0; n == 0 && i < dsv4_weights_count(f.w); i++) {
+      dsv4_tensor t;
+      dsv4_weights_get(f.w, i, &t);
+      if (t.data == p) n = t.numel;
+    }
+    double gmax = 0;
+    for (int64_t i = 0; i < n; i++) gmax = fabs(g[i]) > gmax ? fabs(g[i]) : gmax;
+    int ok = 1;
+    double worst = 0;
+    for (int k = 0; k < n_probe; k++) {
+      const int64_t i = (int64_t)((k * 2654435761u) % (uint64_t)n);
+      const float keep = p[i], h = 5e-3f;
+      p[i] = keep + h;
+      const double up = objective(&f);
+      p[i] = keep - h;
+      const double dn = objective(&f);
+      p[i] = keep;
+      const double fd = (up - dn) / (2.0 * h), err = fabs(fd - g[i]) / fmax(fabs(g[i]), 0.05 * gmax);
+      worst = err > worst ? err : worst;
+      ok &= err < 2e-2;
+    }
+    tu_check(ok, "layer %d finite differences of %s (%d elements): worst relative error %.2g", layer, tensor, n_probe,
+             worst);
+  }
+  teardown(&f);
+}
+
+static void call_order_and_map(void) {
+  fixture f;
+  if (!setup(&f, 1, 0)) return;
+  tu_check(dsv4_layer_backward(f.l, f.dx, f.g, f.dout, 1.0f) == DSV4_ERR_STATE, "layer backward before forward: %s",
+           dsv4_last_error());
+  dsv4_layer_forward(f.l, f.out, f.topk, &f.loss, f.x, f.T, &f.pk, 0);
+  tu_check(dsv4_layer_backward(f.l, f.dx, f.g, f.dout, 1.0f) == DSV4_ERR_STATE,
+           "layer backward after an inference forward (train = 0) refused");
+  tu_check(dsv4_layer_forward(f.l, f.out, f.topk, &f.loss, f.x, f.T - 4, &f.pk, 0) == DSV4_ERR_ARG &&
+               strstr(dsv4_last_error(), "rows"),
+           "layer forward with x rows != T on one rank: %s", dsv4_last_error());
+  dsv4_token_map m;
+  int ok = tu_ok(dsv4_core_token_map(dsv4_layer_core(f.l), &f.pk, f.T, &m), "token map");
+  for (int t = 0; ok && t < f.T; t++) {
+    int doc = t < 32 ? 0 : t < 48 ? 1 : 2;
+    ok = m.global[t] == t && m.doc[t] == doc && m.pos[t] == t - CU_S[doc] && m.real[t] == (t - CU_S[doc] < REAL_S[doc]);
+  }
+  tu_check(ok, "token map of one rank: global index, document, document-local position, real flag");
+  teardown(&f);
+}
+
+/* The CP forward/backward on a one-rank communicator runs the same algorithm with an exchange that
+ * moves nothing: results must be bitwise equal to the unpatched core. */
+static void cp_self(int layer) {
+  fixture a, b;
+  dsv4_comm *comm = NULL;
+  if (!setup(&a, layer, 0) || !setup(&b, layer, 0) || !tu_ok(dsv4_comm_create_self(&comm), "comm")) return;
+  dsv4_cp_config cfg = {DSV4_SPLIT_CONTIGUOUS, 1};
+  if (tu_ok(dsv4_cp_patch(dsv4_layer_core(b.l), comm, &cfg), "patch") && run(&a) && run(&b)) {
+    int same = !memcmp(a.out, b.out, sizeof(float) * a.T * a.cfg.dim) &&
+               !memcmp(a.dx, b.dx, sizeof(float) * a.T * a.cfg.dim) && a.loss == b.loss;
+    for (int i = 0; i < dsv4_weights_count(a.g); i++) {
+      dsv4_tensor ta, tb;
+      dsv4_weights_get(a.g, i, &ta);
+      dsv4_weights_get(b.g, i, &tb);
+      same &= !memcmp(ta.data, tb.data, sizeof(float) * (size_t)ta.numel);
+    }
+    tu_check(same, "layer %d: CP path on one rank equals the unpatched core bitwise (out, dx, loss, grads)", layer);
+    dsv4_cp_stats st;
+    tu_check(dsv4_cp_get_stats(dsv4_layer_core(b.l), &st) == DSV4_OK &&
+                 dsv4_cp_get_stats(dsv4_layer_core(a.l), &st) == DSV4_ERR_STATE,
+             "cp stats: available on a patched core only");
+  }
+  teardown(&a);
+  teardown(&b);
+  dsv4_comm_free(comm);
+}
+
+int main(void) {
+  for (int layer = 0; layer < 3; layer++) {
+    fast_vs_naive(layer, 0);
+    fast_vs_naive(layer, 1);
+    cp_self(layer);
+  }
+  finite_differences(0, "x", 6);
+  finite_differences(0, "attn.wq_a.weight", 6);
+  finite_differences(2, "x", 6);
+  finite_differences(2, "attn.compressor.ape", 6);
+  finite_differences(1, "attn.wo_b.weight", 6);
+  finite_differences(1, "attn.compressor.wkv.weight", 6);
+  finite_differences(1, "attn.attn_sink", 4);
+  call_order_and_map();
+  return tu_finish();
+}
