@@ -8,11 +8,12 @@ PY=/usr/bin/python3
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export DSV4_GOLDEN=${DSV4_GOLDEN:-build/golden}
 if [ "${DSV4_SANITIZED:-0}" = 1 ]; then
-  # Open MPI and OpenBLAS keep allocations alive until exit by design; our own leaks still show
-  # in the non-MPI C tests, which run without this suppression list.
-  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=86"
-  export LSAN_OPTIONS="suppressions=$(pwd)/tests/lsan.supp:print_suppressions=0"
+  # Leak checking is on for the C unit tests (they never start MPI). Programs that start Open MPI
+  # report its plugins' allocations, kept until exit by design from unloaded modules that no
+  # suppression can name, so the CLI and MPI tests run with detect_leaks=0 (errors still abort).
+  export ASAN_OPTIONS="detect_leaks=0:exitcode=86"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  LEAKS="ASAN_OPTIONS=detect_leaks=1:exitcode=86"
 fi
 mkdir -p "$BUILD" "$DSV4_GOLDEN"
 LOG="$BUILD/test-log.txt"
@@ -37,7 +38,7 @@ run() { # name, command...: runs one test program, appending its output to the l
 
 echo "== C unit tests"
 for t in "$BUILD"/tests/test_*; do
-  [ -x "$t" ] && run "$(basename "$t")" "$t"
+  [ -x "$t" ] && run "$(basename "$t")" env ${LEAKS:-} "$t"
 done
 echo "== reference self-test (tests/ref)"
 [ "${DSV4_SANITIZED:-0}" = 1 ] || run "ref selftest" $PY tests/ref/selftest.py
