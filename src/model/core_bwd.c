@@ -47,7 +47,8 @@ static dsv4_status stage1_backward(dsv4_core *c, const dsv4_exchange *x, int whi
       .fwd = {.out_row = sv->slot_blk, .C = which ? sv->CI : sv->C, .Z = which ? sv->ZI : sv->Z,
               .ape = dsv4_w(c->w, ape), .norm_w = dsv4_w(c->w, norm), .cur_row = sv->slot_cur,
               .prev_row = sv->slot_prev, .pos = sv->slot_pos, .rope = &c->rope,
-              .n_slots = sv->n_slot, .ratio = r, .D = dim, .eps = c->cfg.eps}};
+              .n_slots = sv->n_slot, .ratio = r, .D = dim, .eps = c->cfg.eps, .rows = lay->R_c,
+              .rows_out = lay->n_blk}};
   DSV4_TRY(K->compress_bwd(&cb));
   DSV4_TRY(x->cmp_halo_bwd(x->st, lay, dC, dZ, cD, which));
   /* dW += dC_own^T x_own per segment; dx_own += dC_own . W */

@@ -116,7 +116,8 @@ static dsv4_status stage1_start(dsv4_core *c, const dsv4_core_fwd_args *a, const
       .out = *blocks, .out_row = sv->slot_blk, .C = *Cp, .Z = *Zp,
       .ape = dsv4_w(w, which ? W_I_APE : W_C_APE), .norm_w = dsv4_w(w, which ? W_I_NORM : W_C_NORM),
       .cur_row = sv->slot_cur, .prev_row = sv->slot_prev, .pos = sv->slot_pos, .rope = &c->rope,
-      .n_slots = sv->n_slot, .ratio = r, .D = dim, .eps = c->cfg.eps};
+      .n_slots = sv->n_slot, .ratio = r, .D = dim, .eps = c->cfg.eps, .rows = lay->R_c,
+      .rows_out = lay->n_blk};
   DSV4_TRY(dsv4_kernels_get(c->impl)->compress(&ca));
   DSV4_TRY(x->gather_start(x->st, lay, *blocks, *all, dim, which));
 fail:

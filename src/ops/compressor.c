@@ -59,7 +59,8 @@ static void pool_slot(const dsv4_compress_args *a, const slot_rows *sr, float *p
 dsv4_status dsv4_compress(const dsv4_compress_args *a) {
   dsv4_status rc = DSV4_OK;
   const int D = a->D;
-  DSV4_CHECK(a->ratio == 4 || a->ratio == 128, DSV4_ERR_ARG, "compressor: ratio %d", a->ratio);
+  DSV4_TRY(dsv4_compress_check(a));
+  DSV4_CHECK(a->out, DSV4_ERR_ARG, "compressor: out is NULL");
   int failed = 0;
 #pragma omp parallel
   {
@@ -96,7 +97,8 @@ dsv4_status dsv4_compress_bwd(const dsv4_compress_bwd_args *b) {
   const int D = a->D, r = a->ratio, cD = (r == 4 ? 2 : 1) * D;
   const size_t n_ape = (size_t)r * cD;
   float *priv = NULL;
-  DSV4_CHECK(r == 4 || r == 128, DSV4_ERR_ARG, "compressor: ratio %d", r);
+  DSV4_TRY(dsv4_compress_check(a));
+  DSV4_CHECK(b->dC && b->dZ && b->d_ape && b->d_norm_w && b->d_out, DSV4_ERR_ARG, "compressor backward: a gradient pointer is NULL");
   const int nt = dsv4_nthreads();
   DSV4_ALLOC(priv, (size_t)nt * (n_ape + D));
   int failed = 0;

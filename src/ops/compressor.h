@@ -27,6 +27,8 @@ typedef struct {
   int64_t n_slots;
   int ratio, D;
   double eps;
+  int64_t rows;             /* rows of C and Z (bounds every cur_row / prev_row window) */
+  int64_t rows_out;         /* rows of out (bounds out_row) */
 } dsv4_compress_args;
 
 typedef struct {
@@ -42,6 +44,9 @@ typedef struct {
 static inline int64_t dsv4_compress_out_row(const dsv4_compress_args *a, int64_t s) {
   return a->out_row ? a->out_row[s] : s;
 }
+
+/* Validates ratio and every row index against rows / rows_out (errors name the argument). */
+dsv4_status dsv4_compress_check(const dsv4_compress_args *a);
 
 dsv4_status dsv4_compress(const dsv4_compress_args *a);
 dsv4_status dsv4_compress_ref(const dsv4_compress_args *a);

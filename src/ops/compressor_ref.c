@@ -44,7 +44,8 @@ dsv4_status dsv4_compress_ref(const dsv4_compress_args *a) {
   dsv4_status rc = DSV4_OK;
   float *pooled = NULL;
   const int D = a->D;
-  DSV4_CHECK(a->ratio == 4 || a->ratio == 128, DSV4_ERR_ARG, "compressor: ratio %d", a->ratio);
+  DSV4_TRY(dsv4_compress_check(a));
+  DSV4_CHECK(a->out, DSV4_ERR_ARG, "compressor: out is NULL");
   DSV4_ALLOC(pooled, D);
   for (int64_t s = 0; s < a->n_slots; s++) {
     for (int e = 0; e < D; e++) {
@@ -65,7 +66,7 @@ dsv4_status dsv4_compress_bwd_ref(const dsv4_compress_bwd_args *b) {
   const dsv4_compress_args *a = &b->fwd;
   const int D = a->D, cD = (a->ratio == 4 ? 2 : 1) * D;
   float *pooled = NULL, *dp = NULL;
-  DSV4_CHECK(a->ratio == 4 || a->ratio == 128, DSV4_ERR_ARG, "compressor: ratio %d", a->ratio);
+  DSV4_TRY(dsv4_compress_check(a));
   DSV4_ALLOC(pooled, D);
   DSV4_ALLOC(dp, D);
   for (int64_t s = 0; s < a->n_slots; s++) {

@@ -65,41 +65,63 @@ int64_t dsv4_panel_rows(int64_t T_global) {
   return p;
 }
 
+/* One panel: the run of local rows [i, j) that lies in global panel [base, base + P). A full
+ * contiguous panel is computed in place; a partial one in a zero-padded scratch panel, each row at
+ * its global position. */
+static void proj_panel(float *Y, int64_t ldy, const float *X, int64_t ldx, const float *W, int64_t N,
+                       int64_t K, const int64_t *glob, int64_t P, int64_t i, int64_t j, float *xs, float *ys) {
+  const int64_t base = glob[i] - glob[i] % P;
+  if (j - i == P) {
+    dsv4_gemm_nt(P, N, K, 1.0f, X + i * ldx, ldx, W, K, 0.0f, Y + i * ldy, ldy);
+    return;
+  }
+  memset(xs, 0, sizeof(float) * (size_t)(P * K));
+  for (int64_t r = i; r < j; r++) memcpy(xs + (glob[r] - base) * K, X + r * ldx, sizeof(float) * (size_t)K);
+  dsv4_gemm_nt(P, N, K, 1.0f, xs, K, W, K, 0.0f, ys, N);
+  for (int64_t r = i; r < j; r++) memcpy(Y + r * ldy, ys + (glob[r] - base) * N, sizeof(float) * (size_t)N);
+}
+
 dsv4_status dsv4_proj_rows(float *Y, int64_t ldy, const float *X, int64_t ldx, const float *W,
                            int64_t n, int64_t N, int64_t K, const int64_t *glob, int64_t P,
                            dsv4_impl impl) {
   dsv4_status rc = DSV4_OK;
-  float *xs = NULL, *ys = NULL;
+  int64_t *start = NULL;
   if (impl == DSV4_IMPL_NAIVE) {
     dsv4_gemm_nt_ref(n, N, K, 1.0f, X, ldx, W, K, 0.0f, Y, ldy);
     return DSV4_OK;
   }
-  int64_t i = 0;
-  while (i < n) {
-    /* The run of local rows [i, j) that falls in global panel glob[i] / P, contiguously. */
-    const int64_t base = glob[i] - glob[i] % P;
-    int64_t j = i + 1;
-    while (j < n && glob[j] == glob[j - 1] + 1 && glob[j] < base + P) j++;
-    if (j - i == P) {
-      dsv4_gemm_nt(P, N, K, 1.0f, X + i * ldx, ldx, W, K, 0.0f, Y + i * ldy, ldy);
-    } else {
-      /* Partial panel: place the rows where they sit in the global panel, zero the rest. */
-      if (!xs) {
-        DSV4_ALLOC(xs, P * K);
-        DSV4_ALLOC(ys, P * N);
+  /* Cut the rows into panel runs: a run ends at a global panel boundary or a gap in glob. */
+  DSV4_ALLOC(start, n + 2);
+  int64_t runs = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (i == 0 || glob[i] != glob[i - 1] + 1 || glob[i] % P == 0) start[runs++] = i;
+  start[runs] = n;
+  /* One single-threaded BLAS call per panel, panels spread over the threads: a row's bits then
+   * depend neither on its position nor on the thread count (OpenBLAS's own threading splits a call
+   * into thread-count-dependent sub-blocks). */
+  int failed = 0;
+#pragma omp parallel
+  {
+    float *xs = NULL, *ys = NULL;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t r = 0; r < runs; r++) {
+      if (start[r + 1] - start[r] < P && !xs) {
+        xs = malloc(sizeof(float) * (size_t)(P * K));
+        ys = malloc(sizeof(float) * (size_t)(P * N));
       }
-      memset(xs, 0, sizeof(float) * (size_t)(P * K));
-      for (int64_t r = i; r < j; r++)
-        memcpy(xs + (glob[r] - base) * K, X + r * ldx, sizeof(float) * (size_t)K);
-      dsv4_gemm_nt(P, N, K, 1.0f, xs, K, W, K, 0.0f, ys, N);
-      for (int64_t r = i; r < j; r++)
-        memcpy(Y + r * ldy, ys + (glob[r] - base) * N, sizeof(float) * (size_t)N);
+      if (start[r + 1] - start[r] < P && (!xs || !ys)) {
+#pragma omp atomic write
+        failed = 1;
+        continue;
+      }
+      proj_panel(Y, ldy, X, ldx, W, N, K, glob, P, start[r], start[r + 1], xs, ys);
     }
-    i = j;
+    free(xs);
+    free(ys);
   }
+  DSV4_CHECK(!failed, DSV4_ERR_NOMEM, "projection: out of memory for a partial panel");
 fail:
-  free(xs);
-  free(ys);
+  free(start);
   return rc;
 }
 
@@ -111,8 +133,16 @@ int dsv4_blas_probe_invariance(void) {
   uint32_t s = 12345;
   for (int i = 0; i < (M + SHIFT) * K + N * K; i++)
     A[i] = (float)((s = s * 1664525u + 1013904223u) >> 8) / (1 << 24) - 0.5f;
-  dsv4_gemm_nt(M, N, K, 1.0f, A, K, B, K, 0.0f, C1, N);
-  dsv4_gemm_nt(M, N, K, 1.0f, A + SHIFT * K, K, B, K, 0.0f, C2, N);
+  /* inside an active parallel region (two threads, one working), as the library calls BLAS for
+   * per-token products: OpenBLAS then runs each call on one thread */
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp master
+    {
+      dsv4_gemm_nt(M, N, K, 1.0f, A, K, B, K, 0.0f, C1, N);
+      dsv4_gemm_nt(M, N, K, 1.0f, A + SHIFT * K, K, B, K, 0.0f, C2, N);
+    }
+  }
   int same = memcmp(C1 + SHIFT * N, C2, sizeof(float) * (M - SHIFT) * N) == 0;
   free(A);
   return same;

@@ -506,7 +506,7 @@ static inline void cmp_bind(cmp_prob *P) {
   dsv4_config_preset(&cfg, "tiny");
   P->a = (dsv4_compress_args){P->out, P->out_row, P->C, P->Z, P->ape, P->norm_w, P->cur_row,
                               P->prev_row, P->pos, &P->rope, P->sp.n_slots, P->sp.ratio, P->sp.D,
-                              cfg.eps};
+                              cfg.eps, P->rows, P->rows_out};
 }
 
 /* RoPE tables of the tiny preset with rope_dim R for a layer of this ratio (YaRN for r > 0). */

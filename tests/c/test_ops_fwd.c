@@ -525,7 +525,8 @@ static void cmp_subset(const cmp_prob *P, int64_t k, cmp_prob *Q) {
   Q->sp.n_slots -= k;
   Q->sp.out_map = 0;
   Q->cD = P->cD;
-  Q->rows = Q->rows_out = 0;
+  Q->rows = P->rows - r0;
+  Q->rows_out = Q->sp.n_slots;
   Q->C = DUP(P->C + r0 * P->cD, (P->rows - r0) * P->cD);
   Q->Z = DUP(P->Z + r0 * P->cD, (P->rows - r0) * P->cD);
   Q->ape = DUP(P->ape, (int64_t)r * P->cD);
@@ -700,6 +701,17 @@ static void test_validation(void) {
   P.a.ratio = 3;
   expect_arg_error(dsv4_compress(&P.a), "ratio", "compress with ratio 3");
   expect_arg_error(dsv4_compress_ref(&P.a), "ratio", "compress_ref with ratio 3");
+  P.a.ratio = P.sp.ratio;
+  /* a window reaching past the last row of C/Z must be refused, not read */
+  const int32_t keep = P.cur_row[P.sp.n_slots - 1];
+  P.cur_row[P.sp.n_slots - 1] = (int32_t)(P.rows - P.sp.ratio + 1);
+  expect_arg_error(dsv4_compress(&P.a), "cur_row", "compress with a window past the last row");
+  expect_arg_error(dsv4_compress_ref(&P.a), "cur_row", "compress_ref with a window past the last row");
+  P.cur_row[P.sp.n_slots - 1] = keep;
+  if (P.out_row) {
+    P.out_row[0] = (int32_t)P.rows_out;
+    expect_arg_error(dsv4_compress(&P.a), "out_row", "compress with out_row past the output");
+  }
   cmp_free(&P);
 }
 
