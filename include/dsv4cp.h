@@ -188,6 +188,10 @@ typedef struct {
   int64_t S1, R, C;
   int H, D, n_cmp_ids;
   float scale;              /* D^-0.5 */
+  float *teacher;           /* [S1, n_cmp_ids] out, may be NULL (fast path, cmp_ids given): the KL
+                               teacher of each selected row, mean over heads of the per-head softmax
+                               of the compressed logits alone (no window, no sink); 0 at -1 ids.
+                               Costs a few exps: the logits are the attention's own. */
 } dsv4_attn_args;
 
 /* Backward of sparse_attn_sharedkv. Same keys as the forward. */
@@ -235,6 +239,10 @@ typedef struct {
   int dense;                /* 0: over sel[p]; 1: over all visible rows */
   float scale;              /* main attention scale, D^-0.5 */
   float grad_scale;         /* coeff / n_valid_global * dloss */
+  const float *teacher;     /* [S1, topk] sparse mode: the teacher already computed by the attention
+                               (dsv4_attn_args.teacher); may be NULL: computed here from q, cmp_kv */
+  const float *scores;      /* [S1, topk] sparse mode: the indexer's scores of topk_ids
+                               (topk_scores); may be NULL: recomputed here */
 } dsv4_kl_args;
 
 dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a);
@@ -351,6 +359,19 @@ dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, flo
  * grads: accumulated (per-rank partial sums under CP; see dsv4_cp_allreduce_grads). */
 dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, const float *dout,
                                 float d_loss);
+
+/* FLOPs one layer call must do (docs/perf.md): real tokens only, no recomputation counted. */
+typedef struct {
+  double fwd, bwd;                                   /* totals */
+  double projections_fwd, attention_fwd, indexer_fwd;
+  double projections_bwd, attention_bwd, indexer_bwd;
+  double tokens;                                     /* real tokens counted */
+} dsv4_flops;
+
+dsv4_status dsv4_layer_flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, dsv4_flops *f);
+
+/* Bytes the layer (and its core) hold for the backward after a training forward on this rank. */
+size_t dsv4_layer_saved_bytes(const dsv4_layer *l);
 
 /* ---------------------------------------------------------------------------------------------
  * Context parallelism (SPEC section 5)

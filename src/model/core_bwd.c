@@ -92,7 +92,8 @@ static dsv4_status indexer_backward(dsv4_core *c, const dsv4_core_bwd_args *a, c
                      .vis_count = sv->cmp_count, .S1 = n, .C = sv->docs.n_cmp, .H = c->cfg.n_heads,
                      .D = c->cfg.head_dim, .Hi = Hi, .Di = Di, .topk = c->cfg.index_topk,
                      .dense = c->cfg.index_loss_mode == DSV4_KL_DENSE,
-                     .scale = (float)(1.0 / sqrt((double)c->cfg.head_dim)), .grad_scale = (float)gs};
+                     .scale = (float)(1.0 / sqrt((double)c->cfg.head_dim)), .grad_scale = (float)gs,
+                     .teacher = sv->teacher, .scores = sv->scores};
   dsv4_placement places[6];
   dsv4_kl_places(places);
   DSV4_TRY(dsv4_indexer_kl_loss_dist(&ka, x->nranks, places, c->impl));

@@ -19,9 +19,29 @@ void dsv4_core_saved_free(dsv4_core_saved *sv) {
   dsv4_layout_free(&sv->lay);
   void *owned[] = {sv->kv_ext, sv->win_start, sv->win_len, sv->lse, sv->C, sv->Z, sv->slot_cur,
                    sv->slot_prev, sv->slot_pos, sv->slot_blk, sv->cmp, sv->cmp_begin, sv->cmp_count,
-                   sv->CI, sv->ZI, sv->KI, sv->qI, sv->wI, sv->topk};
+                   sv->CI, sv->ZI, sv->KI, sv->qI, sv->wI, sv->topk, sv->scores, sv->teacher};
   for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
   memset(sv, 0, sizeof *sv);
+}
+
+size_t dsv4_core_saved_bytes(const dsv4_core *c) {
+  const dsv4_core_saved *sv = &c->sv;
+  if (!sv->valid) return 0;
+  const size_t n = (size_t)sv->n, D = (size_t)c->cfg.head_dim, H = (size_t)c->cfg.n_heads;
+  const size_t Hi = (size_t)c->cfg.index_n_heads, Di = (size_t)c->cfg.index_head_dim, r = (size_t)c->ratio;
+  const size_t Rc = (size_t)sv->lay.R_c, cmp = (size_t)sv->docs.n_cmp, cD = (r == 4 ? 2 : 1) * D;
+  size_t floats = (sv->kv_ext ? (size_t)sv->lay.R_kv * D : 0) + n * H;
+  size_t ints = 2 * n;
+  if (r > 0) {
+    floats += 2 * Rc * cD + cmp * D;
+    ints += 4 * (size_t)sv->n_slot + 2 * n;
+  }
+  if (r == 4) {
+    floats += 2 * Rc * 2 * Di + cmp * Di + n * Hi * Di + n * Hi;
+    ints += n * (size_t)c->cfg.index_topk;
+    floats += n * (size_t)c->cfg.index_topk * (sv->teacher ? 2 : 1);
+  }
+  return sizeof(float) * floats + sizeof(int32_t) * ints;
 }
 
 /* Y rows of every segment = X rows . W^T, in the global panels of util/gemm.h. Y's rows for
@@ -174,7 +194,8 @@ static dsv4_status kl_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const d
                      .S1 = a->n, .C = sv->docs.n_cmp, .H = c->cfg.n_heads, .D = c->cfg.head_dim,
                      .Hi = c->cfg.index_n_heads, .Di = c->cfg.index_head_dim, .topk = c->cfg.index_topk,
                      .dense = c->cfg.index_loss_mode == DSV4_KL_DENSE,
-                     .scale = (float)(1.0 / sqrt((double)c->cfg.head_dim))};
+                     .scale = (float)(1.0 / sqrt((double)c->cfg.head_dim)), .teacher = sv->teacher,
+                     .scores = sv->scores};
   dsv4_placement places[6];
   dsv4_kl_places(places);
   DSV4_TRY(dsv4_indexer_kl_loss_dist(&ka, x->nranks, places, c->impl));
@@ -268,7 +289,8 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
     DSV4_TRY(indexer_queries(c, a));
     const int k = c->cfg.index_topk;
     DSV4_ALLOC(sv->topk, n * k + 1);
-    dsv4_indexer_args ia = {.topk_ids = sv->topk, .q_idx = sv->qI, .k_idx = sv->KI, .weights = sv->wI,
+    DSV4_ALLOC(sv->scores, n * k + 1);
+    dsv4_indexer_args ia = {.topk_ids = sv->topk, .topk_scores = sv->scores, .q_idx = sv->qI, .k_idx = sv->KI, .weights = sv->wI,
                             .vis_begin = sv->cmp_begin, .vis_count = sv->cmp_count, .S1 = n,
                             .C = sv->docs.n_cmp, .Hi = c->cfg.index_n_heads,
                             .Di = c->cfg.index_head_dim, .topk = k};
@@ -278,6 +300,11 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
     if (a->topk_ids) memcpy(a->topk_ids, sv->topk, sizeof(int32_t) * (size_t)(n * k));
     at.cmp_ids = sv->topk;
     at.n_cmp_ids = k;
+    /* the KL teacher comes out of the attention's own compressed logits (sparse mode) */
+    if (c->cfg.index_loss_mode == DSV4_KL_SPARSE) {
+      DSV4_ALLOC(sv->teacher, n * k + 1);
+      at.teacher = sv->teacher;
+    }
   }
   if (c->impl == DSV4_IMPL_FAST)
     DSV4_TRY(dsv4_sparse_attn_finish(&at, ml, ml + n * H));

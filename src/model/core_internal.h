@@ -103,6 +103,7 @@ typedef struct {
   float *KI;                          /* [n_cmp, Di] global indexer keys */
   float *qI, *wI;                     /* [n, Hi*Di], [n, Hi] */
   int32_t *topk;                      /* [n, k] */
+  float *scores, *teacher;            /* [n, k] indexer scores of topk, KL teacher (sparse mode) */
   int64_t n_valid;                    /* KL valid tokens over all ranks */
 } dsv4_core_saved;
 
@@ -120,6 +121,8 @@ struct dsv4_core {
 };
 
 void dsv4_core_saved_free(dsv4_core_saved *sv);
+/* Bytes held in c->sv for the backward. */
+size_t dsv4_core_saved_bytes(const dsv4_core *c);
 
 /* The two-stage forward and backward over an exchange (core_fwd.c, core_bwd.c). */
 dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x);

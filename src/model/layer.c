@@ -10,6 +10,7 @@
 #include "util/err.h"
 #include "util/gemm.h"
 
+
 struct dsv4_layer {
   dsv4_config cfg;
   int layer;
@@ -63,6 +64,15 @@ void dsv4_layer_free(dsv4_layer *l) {
 }
 
 dsv4_core *dsv4_layer_core(dsv4_layer *l) { return l->core; }
+
+size_t dsv4_layer_saved_bytes(const dsv4_layer *l) {
+  if (!l || !l->valid) return 0;
+  const dsv4_config *c = &l->cfg;
+  const size_t n = (size_t)l->n, H = (size_t)c->n_heads, D = (size_t)c->head_dim, dq = (size_t)c->q_lora_rank;
+  size_t floats = 2 * n * dq + (l->b ? n * H * D : 0) + n * H * D + 2 * n * D + n * H * D +
+                  (l->op ? n * H * D : 0) + n * (size_t)(c->o_groups * c->o_lora_rank) + n * (2 + H);
+  return sizeof(float) * floats + n * (sizeof(int64_t) + sizeof(int32_t) + 1) + dsv4_core_saved_bytes(l->core);
+}
 
 void dsv4_layer_set_impl(dsv4_layer *l, dsv4_impl impl) {
   l->impl = impl;

@@ -33,6 +33,26 @@ static inline float dsv4_exp_neg(float x) {
   return p * sc.f;
 }
 
+/* The KL teacher of one query from its scaled compressed logits Z [H, n]: per-head softmax over the
+ * n rows, summed over heads in order, L1-normalised (SPEC 3, "Indexer KL loss"). e: scratch [n].
+ * One routine for the attention (which has the logits anyway) and the KL operator, so both give
+ * the same bits. */
+static inline void dsv4_kl_teacher(const float *Z, int H, int n, float *t, float *e) {
+  for (int j = 0; j < n; j++) t[j] = 0;
+  for (int h = 0; h < H; h++) {
+    const float *z = Z + (int64_t)h * n;
+    float m = -INFINITY, sum = 0;
+    for (int j = 0; j < n; j++) m = z[j] > m ? z[j] : m;
+    for (int j = 0; j < n; j++) e[j] = dsv4_exp_neg(z[j] - m);
+    for (int j = 0; j < n; j++) sum += e[j];
+    const float inv = 1.0f / sum;
+    for (int j = 0; j < n; j++) t[j] += e[j] * inv;
+  }
+  float tsum = 0;
+  for (int j = 0; j < n; j++) tsum += t[j];
+  for (int j = 0; j < n; j++) t[j] /= tsum;
+}
+
 /* Number of compressed keys of query p and, when ids are given, the compacted list of rows. */
 static inline int dsv4_attn_cmp_rows(const dsv4_attn_args *a, int64_t p, int32_t *rows) {
   if (!a->cmp_kv) return 0;

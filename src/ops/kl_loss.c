@@ -26,35 +26,49 @@ static int loss_rows_of(const dsv4_kl_args *a, int64_t p, int32_t *rows) {
   return n;
 }
 
-/* One query: returns its loss term and writes its gradients. d_k_idx is this thread's accumulator. */
+/* Values of a [S1, topk] input at query p's valid (non -1) columns, in order (as loss_rows_of). */
+static void compact_row(const dsv4_kl_args *a, const float *v, int64_t p, float *out) {
+  int n = 0;
+  for (int j = 0; j < a->topk; j++)
+    if (a->topk_ids[p * a->topk + j] >= 0) out[n++] = v[p * a->topk + j];
+}
+
+/* SI [Hi, n] = q_idx[p] . k_idx rows^T (the rows gathered into s->Ki). */
+static void student_logits(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s) {
+  const int Hi = a->Hi, Di = a->Di;
+  for (int j = 0; j < n; j++)
+    memcpy(s->Ki + (int64_t)j * Di, a->k_idx + (int64_t)s->rows[j] * Di, sizeof(float) * Di);
+  dsv4_gemm_nt(Hi, n, Di, 1.0f, a->q_idx + p * Hi * Di, Di, s->Ki, Di, 0.0f, s->SI, n);
+}
+
+/* One query: returns its loss term and writes its gradients. d_k_idx is this thread's accumulator.
+ * The teacher and the student scores come from the caller when given (sparse mode), else from
+ * products here; the gradient needs the per-head student logits (ReLU mask), recomputed here. */
 static double one_query(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s, float *d_k_idx) {
   const int H = a->H, D = a->D, Hi = a->Hi, Di = a->Di;
-  for (int j = 0; j < n; j++) {
-    memcpy(s->Kc + (int64_t)j * D, a->cmp_kv + (int64_t)s->rows[j] * D, sizeof(float) * D);
-    memcpy(s->Ki + (int64_t)j * Di, a->k_idx + (int64_t)s->rows[j] * Di, sizeof(float) * Di);
+  const int given = !a->dense;
+  int have_si = 0;
+  if (given && a->teacher) {
+    compact_row(a, a->teacher, p, s->t);
+  } else {
+    for (int j = 0; j < n; j++)
+      memcpy(s->Kc + (int64_t)j * D, a->cmp_kv + (int64_t)s->rows[j] * D, sizeof(float) * D);
+    dsv4_gemm_nt(H, n, D, a->scale, a->q + p * H * D, D, s->Kc, D, 0.0f, s->Z, n);
+    dsv4_kl_teacher(s->Z, H, n, s->t, s->dKi);
   }
-  /* teacher: per-head softmax, summed over heads (heads in order), L1-normalised */
-  dsv4_gemm_nt(H, n, D, a->scale, a->q + p * H * D, D, s->Kc, D, 0.0f, s->Z, n);
-  for (int j = 0; j < n; j++) s->t[j] = 0;
-  for (int h = 0; h < H; h++) {
-    float *z = s->Z + (int64_t)h * n, m = -INFINITY, sum = 0;
-    for (int j = 0; j < n; j++) m = z[j] > m ? z[j] : m;
-    for (int j = 0; j < n; j++) z[j] = dsv4_exp_neg(z[j] - m);
-    for (int j = 0; j < n; j++) sum += z[j];
-    const float inv = 1.0f / sum;
-    for (int j = 0; j < n; j++) s->t[j] += z[j] * inv;
-  }
-  float tsum = 0;
-  for (int j = 0; j < n; j++) tsum += s->t[j];
-  for (int j = 0; j < n; j++) s->t[j] /= tsum;
-  /* student: index scores over the same rows, then log-softmax */
-  dsv4_gemm_nt(Hi, n, Di, 1.0f, a->q_idx + p * Hi * Di, Di, s->Ki, Di, 0.0f, s->SI, n);
   const float *w = a->weights + p * Hi;
-  for (int j = 0; j < n; j++) s->I[j] = 0;
-  for (int h = 0; h < Hi; h++) {
-    const float *si = s->SI + (int64_t)h * n;
-    for (int j = 0; j < n; j++) s->I[j] += w[h] * (si[j] > 0 ? si[j] : 0);
+  if (given && a->scores) {
+    compact_row(a, a->scores, p, s->I);
+  } else {
+    student_logits(a, p, n, s);
+    have_si = 1;
+    for (int j = 0; j < n; j++) s->I[j] = 0;
+    for (int h = 0; h < Hi; h++) {
+      const float *si = s->SI + (int64_t)h * n;
+      for (int j = 0; j < n; j++) s->I[j] += w[h] * (si[j] > 0 ? si[j] : 0);
+    }
   }
+  /* loss = sum_j t_j (log t_j - log s_j), log s = I - logsumexp(I) */
   float m = -INFINITY;
   double sum = 0, loss = 0;
   for (int j = 0; j < n; j++) m = s->I[j] > m ? s->I[j] : m;
@@ -64,6 +78,7 @@ static double one_query(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s, 
     if (s->t[j] > 0) loss += s->t[j] * (log(s->t[j]) - (s->I[j] - lse));
   if (!a->d_q_idx && !a->d_weights && !d_k_idx) return loss;
   /* dI_j = grad_scale (s_j - t_j);  d w_h = sum_j dI_j ReLU(SI_hj);  G_hj = dI_j w_h [SI_hj > 0] */
+  if (!have_si) student_logits(a, p, n, s);
   float *dI = s->I;
   for (int j = 0; j < n; j++) dI[j] = a->grad_scale * ((float)exp(s->I[j] - lse) - s->t[j]);
   for (int h = 0; h < Hi; h++) {

@@ -41,9 +41,10 @@ dsv4_status dsv4_indexer_kl_loss_ref(const dsv4_kl_args *a) {
     if (a->loss_rows) a->loss_rows[p] = 0;
     if (n == 0) continue;
     valid++;
-    /* teacher: per-head softmax over J of scale q.cmp, summed over heads, L1-normalised */
+    /* teacher: per-head softmax over J of scale q.cmp, summed over heads, L1-normalised (or the
+     * caller's, sparse mode) */
     for (int j = 0; j < n; j++) t[j] = 0;
-    for (int h = 0; h < H; h++) {
+    for (int h = 0; h < H && (a->dense || !a->teacher); h++) {
       double m = -INFINITY, sum = 0;
       for (int j = 0; j < n; j++) {
         z[j] = a->scale * dotf(a->q + (p * H + h) * D, a->cmp_kv + (int64_t)rows[j] * D, D);
@@ -52,6 +53,9 @@ dsv4_status dsv4_indexer_kl_loss_ref(const dsv4_kl_args *a) {
       for (int j = 0; j < n; j++) sum += exp(z[j] - m);
       for (int j = 0; j < n; j++) t[j] += exp(z[j] - m) / sum;
     }
+    if (!a->dense && a->teacher)
+      for (int j = 0, c = 0; c < a->topk; c++)
+        if (a->topk_ids[p * a->topk + c] >= 0) t[j++] = a->teacher[p * a->topk + c];
     double tsum = 0;
     for (int j = 0; j < n; j++) tsum += t[j];
     for (int j = 0; j < n; j++) t[j] /= tsum;
@@ -64,6 +68,14 @@ dsv4_status dsv4_indexer_kl_loss_ref(const dsv4_kl_args *a) {
         I[j] += a->weights[p * Hi + h] * (d > 0 ? d : 0);
       }
       m = fmax(m, I[j]);
+    }
+    if (!a->dense && a->scores) { /* the caller's scores replace the recomputed ones */
+      m = -INFINITY;
+      for (int j = 0, c = 0; c < a->topk; c++)
+        if (a->topk_ids[p * a->topk + c] >= 0) {
+          I[j] = a->scores[p * a->topk + c];
+          m = fmax(m, I[j++]);
+        }
     }
     for (int j = 0; j < n; j++) sum += exp(I[j] - m);
     const double lse = m + log(sum);

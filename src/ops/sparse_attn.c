@@ -90,6 +90,14 @@ fail:
   return rc;
 }
 
+/* The KL teacher of query p from its compressed logits S [H, nc], written at the columns of its
+ * non -1 ids (0 elsewhere); t, e: scratch [nc]. */
+static void write_teacher(const dsv4_attn_args *a, int64_t p, const float *S, int nc, float *t, float *e) {
+  float *row = a->teacher + p * a->n_cmp_ids;
+  if (nc > 0) dsv4_kl_teacher(S, a->H, nc, t, e);
+  for (int c = 0, j = 0; c < a->n_cmp_ids; c++) row[c] = a->cmp_ids[p * a->n_cmp_ids + c] >= 0 ? t[j++] : 0.0f;
+}
+
 dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, const float *l_w) {
   dsv4_status rc = DSV4_OK;
   DSV4_TRY(dsv4_attn_check(a));
@@ -101,7 +109,7 @@ dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, c
     fwd_scratch sc = {malloc(sizeof(float) * (size_t)(H * (ncmax ? ncmax : 1))),
                       malloc(sizeof(float) * (size_t)((a->cmp_ids ? ncmax : 0) * D + 1)),
                       malloc(sizeof(int32_t) * (size_t)(ncmax + 1))};
-    float *mc = malloc(sizeof(float) * 2 * (size_t)H);
+    float *mc = malloc(sizeof(float) * (2 * (size_t)H + 2 * (size_t)ncmax + 2));
     if (!sc.S || !sc.Kc || !sc.rows || !mc) {
 #pragma omp atomic write
       failed = 1;
@@ -112,6 +120,7 @@ dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, c
       float *o = a->out + p * H * D, *lse = a->lse + p * H, *lc = mc + H;
       if (a->win_len[p] == 0) {
         for (int h = 0; h < H; h++) lse[h] = 0;
+        if (a->teacher && a->cmp_ids) memset(a->teacher + p * a->n_cmp_ids, 0, sizeof(float) * a->n_cmp_ids);
         continue;
       }
       int nc;
@@ -124,6 +133,7 @@ dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, c
           mc[h] = m;
         }
       }
+      if (a->teacher && a->cmp_ids) write_teacher(a, p, sc.S, nc, mc + 2 * H, mc + 2 * H + ncmax + 1);
       for (int h = 0; h < H; h++) {
         const float mw = m_w[p * H + h];
         float m = mw > a->sink[h] ? mw : a->sink[h];

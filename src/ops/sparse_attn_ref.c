@@ -29,6 +29,26 @@ static double dot(const float *x, const float *y, int n) {
   return s;
 }
 
+/* The KL teacher of query p over its nc compressed keys, in double (see dsv4_attn_args.teacher);
+ * z: scratch [2 nc]. Padding queries get zeros. */
+static void teacher_ref(const dsv4_attn_args *a, int64_t p, const float **keys, int nc, double *z) {
+  double *t = z + nc;
+  for (int j = 0; j < nc; j++) t[j] = 0;
+  for (int h = 0; h < a->H && a->win_len[p] > 0; h++) {
+    double m = -INFINITY, sum = 0;
+    for (int j = 0; j < nc; j++) {
+      z[j] = a->scale * dot(a->q + (p * a->H + h) * a->D, keys[j], a->D);
+      m = fmax(m, z[j]);
+    }
+    for (int j = 0; j < nc; j++) sum += exp(z[j] - m);
+    for (int j = 0; j < nc; j++) t[j] += exp(z[j] - m) / sum;
+  }
+  double tsum = 0;
+  for (int j = 0; j < nc; j++) tsum += t[j];
+  for (int c = 0, j = 0; c < a->n_cmp_ids; c++)
+    a->teacher[p * a->n_cmp_ids + c] = a->cmp_ids[p * a->n_cmp_ids + c] >= 0 && tsum > 0 ? (float)(t[j++] / tsum) : 0.0f;
+}
+
 dsv4_status dsv4_sparse_attn_ref(const dsv4_attn_args *a) {
   dsv4_status rc = DSV4_OK;
   int32_t *rows = NULL;
@@ -39,10 +59,11 @@ dsv4_status dsv4_sparse_attn_ref(const dsv4_attn_args *a) {
   const int H = a->H, D = a->D;
   DSV4_ALLOC(rows, maxk);
   DSV4_ALLOC(keys, maxk);
-  DSV4_ALLOC(z, maxk);
+  DSV4_ALLOC(z, 2 * maxk);
   DSV4_ALLOC(acc, D);
   for (int64_t p = 0; p < a->S1; p++) {
     const int n = key_list(a, p, rows, keys, NULL, NULL, NULL);
+    if (a->teacher && a->cmp_ids) teacher_ref(a, p, keys + a->win_len[p], n - a->win_len[p], z);
     for (int h = 0; h < H; h++) {
       const float *q = a->q + (p * H + h) * D;
       float *o = a->out + (p * H + h) * D;

@@ -171,7 +171,7 @@ static inline void attn_bind(attn_prob *P) {
   P->a = (dsv4_attn_args){P->out, P->lse, P->q, P->ori_kv, P->win_start, P->win_len, P->cmp_kv,
                           P->cmp_ids, P->cmp_begin, P->cmp_count, P->sink, sp->S1, P->R, sp->C,
                           sp->H, sp->D, sp->mode == CMP_IDS ? sp->n_ids : 0,
-                          (float)(1.0 / sqrt(sp->D))};
+                          (float)(1.0 / sqrt(sp->D)), NULL};
 }
 
 static inline void attn_make(attn_prob *P, const attn_spec *sp) {
@@ -410,7 +410,7 @@ static inline void kl_bind(kl_prob *K, float grad_scale) {
   K->a = (dsv4_kl_args){&K->loss, &K->n_valid, K->loss_rows, K->d_q_idx, K->d_weights, K->d_k_idx,
                         K->q, K->cmp_kv, K->sel, K->ix.q_idx, K->ix.k_idx, K->ix.weights,
                         K->ix.vis_begin, K->ix.vis_count, s->S1, s->C, K->H, K->D, s->Hi, s->Di,
-                        s->topk, K->dense, (float)(1.0 / sqrt(K->D)), grad_scale};
+                        s->topk, K->dense, (float)(1.0 / sqrt(K->D)), grad_scale, NULL, NULL};
 }
 
 static inline void kl_make(kl_prob *K, const idx_spec *sp, int H, int D, int dense, float grad_scale) {

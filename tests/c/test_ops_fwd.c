@@ -715,6 +715,71 @@ static void test_validation(void) {
   cmp_free(&P);
 }
 
+/* The fused path: the attention's teacher output and the indexer's scores given to the KL operator
+ * must give what the KL operator computes on its own (the teacher bitwise: same logits product, same
+ * routine; scores to fp32 accuracy), and the naive attention's teacher must agree with the fast one. */
+static void test_kl_given_teacher(void) {
+  char name[256];
+  for (int c = 0; c < N_KL_ALL; c++) {
+    const kl_case kc = kl_case_at(c);
+    kl_prob K;
+    kl_make(&K, &kc.ix, kc.H, kc.D, 0, 0.5f);
+    const idx_spec *s = &K.ix.sp;
+    const int64_t S1 = s->S1, k = s->topk, D = K.D, H = K.H;
+    if (S1 == 0 || s->C == 0) {
+      kl_free(&K);
+      continue;
+    }
+    float *kv = FALLOC(S1 * D), *out = FALLOC(S1 * H * D), *lse = FALLOC(S1 * H), *sink = FALLOC(H);
+    float *tf = FALLOC(S1 * k), *tr = FALLOC(S1 * k), *scores = FALLOC(S1 * k);
+    int32_t *ws = IALLOC(S1), *wl = IALLOC(S1);
+    tu_fill(kv, S1 * D, 77, 1.0f);
+    for (int64_t p = 0; p < S1; p++) ws[p] = (int32_t)p, wl[p] = 1;
+    dsv4_attn_args at = {.out = out, .lse = lse, .q = K.q, .ori_kv = kv, .win_start = ws, .win_len = wl,
+                         .cmp_kv = K.cmp_kv, .cmp_ids = K.sel, .sink = sink, .S1 = S1, .R = S1, .C = s->C,
+                         .H = (int)H, .D = (int)D, .n_cmp_ids = (int)k, .scale = (float)(1.0 / sqrt(D)), .teacher = tf};
+    tu_ok(dsv4_sparse_attn(&at), "sparse_attn with teacher");
+    at.teacher = tr;
+    tu_ok(dsv4_sparse_attn_ref(&at), "sparse_attn_ref with teacher");
+    snprintf(name, sizeof name, "attention teacher output fast vs naive: S1=%lld k=%lld H=%lld", (long long)S1,
+             (long long)k, (long long)H);
+    tu_close(name, tf, tr, S1 * k, 1e-5, 1e-3);
+    /* the KL operator computing its teacher, then given the attention's */
+    double *rows0 = (double *)xalloc((size_t)S1, sizeof(double));
+    float *dq0 = FALLOC(S1 * s->Hi * s->Di);
+    tu_ok(dsv4_indexer_kl_loss(&K.a), "kl");
+    memcpy(rows0, K.loss_rows, sizeof(double) * S1);
+    memcpy(dq0, K.d_q_idx, sizeof(float) * S1 * s->Hi * s->Di);
+    K.a.teacher = tf;
+    tu_ok(dsv4_indexer_kl_loss(&K.a), "kl with teacher");
+    tu_check(!memcmp(rows0, K.loss_rows, sizeof(double) * S1) &&
+                 !memcmp(dq0, K.d_q_idx, sizeof(float) * S1 * s->Hi * s->Di),
+             "kl_loss fast: the attention's teacher gives the same bits as its own: S1=%lld k=%lld", (long long)S1,
+             (long long)k);
+    /* scores of the selected ids, in double, given as the student */
+    for (int64_t p = 0; p < S1; p++)
+      for (int64_t j = 0; j < k; j++) {
+        const int32_t id = K.sel[p * k + j];
+        double sc = 0;
+        for (int h = 0; h < s->Hi && id >= 0; h++) {
+          double d = 0;
+          for (int e = 0; e < s->Di; e++)
+            d += (double)K.ix.q_idx[(p * s->Hi + h) * s->Di + e] * K.ix.k_idx[(int64_t)id * s->Di + e];
+          sc += K.ix.weights[p * s->Hi + h] * (d > 0 ? d : 0);
+        }
+        scores[p * k + j] = id >= 0 ? (float)sc : -INFINITY;
+      }
+    K.a.scores = scores;
+    tu_ok(dsv4_indexer_kl_loss(&K.a), "kl with scores");
+    snprintf(name, sizeof name, "kl_loss fast with given scores vs its own: S1=%lld k=%lld", (long long)S1, (long long)k);
+    close_d(name, K.loss_rows, rows0, S1, 1e-5, 1.0);
+    K.a.teacher = NULL;
+    K.a.scores = NULL;
+    free(kv), free(out), free(lse), free(sink), free(tf), free(tr), free(scores), free(ws), free(wl), free(rows0), free(dq0);
+    kl_free(&K);
+  }
+}
+
 int main(void) {
   g_bitwise = dsv4_blas_probe_invariance();
   if (!g_bitwise) printf("note: this BLAS is not row-position invariant: invariance checked to 1e-5\n");
@@ -722,6 +787,7 @@ int main(void) {
   test_rope();
   test_compressor();
   test_indexer();
+  test_kl_given_teacher();
   test_indexer_identical_keys();
   test_sparse_attn();
   test_kl_forward();

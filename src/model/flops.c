@@ -1,0 +1,54 @@
+/* flops.c: the FLOP count of one layer call, counting only the work the algorithm must do
+ * (docs/perf.md): multiply-adds count 2, padding tokens nothing, recomputation nothing (the
+ * teacher logits of the KL loss are the attention's compressed logits, its student scores the
+ * indexer's; the backward's recomputed scores are not counted). Per real token at document-local
+ * position t, with nw = min(t, W-1) + 1 window keys, nv = (t+1)//r visible slots and nc compressed
+ * keys (r = 128: nv; r = 4: min(index_topk, nv)):
+ *   forward   projections  2 (d dq + dq H D + d D + H D Ro + G Ro d)
+ *             compressors  2 * 2 d c D                                  (r > 0; c = 2 for r = 4)
+ *             indexer      2 (dq Hi Di + d Hi + 2 d 2 Di) + 2 Hi Di nv  (r = 4)
+ *             attention    4 H D (nw + nc)
+ *   backward  projections and compressors x 2 (input and weight gradients); indexer projections
+ *             x 1 (its inputs are detached: weight gradients only) + KL 4 Hi Di nc; attention
+ *             8 H D (nw + nc) (dP, dQ, dK and dV products). */
+#include "model/docs.h"
+#include "util/err.h"
+
+dsv4_status dsv4_layer_flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, dsv4_flops *f) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_docs docs = {0};
+  DSV4_CHECK(cfg && pk && f, DSV4_ERR_ARG, "flops: NULL argument");
+  const int r = dsv4_config_ratio(cfg, layer);
+  DSV4_CHECK(r >= 0, DSV4_ERR_ARG, "flops: layer %d out of range", layer);
+  DSV4_TRY(dsv4_docs_build(&docs, pk, r));
+  const double d = cfg->dim, dq = cfg->q_lora_rank, H = cfg->n_heads, D = cfg->head_dim;
+  const double G = cfg->o_groups, Ro = cfg->o_lora_rank, Hi = cfg->index_n_heads, Di = cfg->index_head_dim;
+  const double c = r == 4 ? 2 : 1;
+  const double proj = 2 * (d * dq + dq * H * D + d * D + H * D * Ro + G * Ro * d);
+  const double comp = r > 0 ? 2 * 2 * d * c * D : 0;
+  const double idx_proj = r == 4 ? 2 * (dq * Hi * Di + d * Hi + 2 * d * 2 * Di) : 0;
+  double keys = 0, vis = 0, sel = 0, tokens = 0;
+  for (int i = 0; i < docs.n_docs; i++)
+    for (int64_t t = 0; t < docs.real[i]; t++) {
+      const int64_t nw = (t < cfg->window - 1 ? t : cfg->window - 1) + 1;
+      const int64_t nv = r > 0 ? (t + 1) / r : 0;
+      const int64_t nc = r == 4 ? (nv < cfg->index_topk ? nv : cfg->index_topk) : nv;
+      keys += (double)(nw + nc);
+      vis += r == 4 ? (double)nv : 0;
+      sel += r == 4 ? (double)nc : 0;
+      tokens += 1;
+    }
+  *f = (dsv4_flops){0};
+  f->tokens = tokens;
+  f->projections_fwd = tokens * (proj + comp + idx_proj);
+  f->attention_fwd = 4 * H * D * keys;
+  f->indexer_fwd = 2 * Hi * Di * vis;
+  f->fwd = f->projections_fwd + f->attention_fwd + f->indexer_fwd;
+  f->projections_bwd = tokens * (2 * (proj + comp) + idx_proj);
+  f->attention_bwd = 8 * H * D * keys;
+  f->indexer_bwd = 4 * Hi * Di * sel;
+  f->bwd = f->projections_bwd + f->attention_bwd + f->indexer_bwd;
+fail:
+  dsv4_docs_free(&docs);
+  return rc;
+}

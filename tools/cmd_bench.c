@@ -1,0 +1,225 @@
+/* cmd_bench.c: `dsv4cp bench`: one benchmark configuration (layer kind, length, CP = N under
+ * mpirun): forward and backward medians over --reps runs after a warm-up, FLOP rate from
+ * dsv4_layer_flops, the fraction of a cblas_sgemm measured in the same run with the same threads,
+ * peak resident memory and saved activations per rank, per-rank busy-time spread, bytes and time per
+ * message kind, and the fraction of the Stage-1 all-gather hidden behind computation. Prints one
+ * fixed-width row and appends a JSON object to --json. bench/run_bench.sh loops over
+ * configurations (one process each, so peak memory is per configuration). */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "dsv4cp_mpi.h"
+#include "job.h"
+
+#define SGEMM_N 2048
+#define DEFAULT_REPS 3
+#define BLOCKING_REPS 5
+
+static double median(double *v, int n) {
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+      double t = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = t;
+    }
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* GFLOP/s of cblas_sgemm (SGEMM_N cubed) with this rank's threads, every rank at once. */
+static double sgemm_rate(cli_ctx *c) {
+  const size_t n = SGEMM_N;
+  float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n), *o = malloc(sizeof(float) * n * n);
+  double t[3] = {0};
+  if (!a || !b || !o) return NAN;
+  for (size_t i = 0; i < n * n; i++) a[i] = b[i] = (float)(i % 7) * 0.1f;
+  for (int r = 0; r < 4; r++) {
+    MPI_Barrier(c->comm);
+    double t0 = MPI_Wtime();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n, (int)n, 1.0f, a, (int)n, b, (int)n, 0.0f, o,
+                (int)n);
+    if (r > 0) t[r - 1] = MPI_Wtime() - t0; /* the first call warms up */
+  }
+  free(a), free(b), free(o);
+  return 2.0 * (double)n * n * n / median(t, 3) / 1e9;
+}
+
+/* Seconds of a blocking all-gather of `bytes` per rank (what the overlap has to hide). */
+static double blocking_allgather(cli_ctx *c, size_t bytes) {
+  if (c->size == 1 || bytes == 0) return 0;
+  char *s = calloc(bytes, 1), *r = calloc(bytes * (size_t)c->size, 1);
+  double t[BLOCKING_REPS];
+  for (int i = 0; i < BLOCKING_REPS; i++) {
+    MPI_Barrier(c->comm);
+    double t0 = MPI_Wtime();
+    MPI_Allgather(s, (int)bytes, MPI_BYTE, r, (int)bytes, MPI_BYTE, c->comm);
+    t[i] = MPI_Wtime() - t0;
+  }
+  free(s), free(r);
+  return median(t, BLOCKING_REPS);
+}
+
+typedef struct {
+  double fwd, bwd, busy;       /* medians, seconds (busy: this rank's time outside message waits) */
+} timing;
+
+/* Runs reps forward + backward calls; returns rank-local medians. */
+static int measure(cli_ctx *c, job *j, dsv4_layer *l, int reps, timing *tm, dsv4_cp_stats *st, size_t *saved) {
+  const int64_t n = j->n, d = j->cfg.dim, k = j->cfg.index_topk;
+  float *out = malloc(sizeof(float) * (size_t)(n * d + 1)), *dx = malloc(sizeof(float) * (size_t)(n * d + 1));
+  int32_t *topk = malloc(sizeof(int32_t) * (size_t)(n * k + 1));
+  dsv4_weights *g = NULL;
+  double *tf = calloc((size_t)reps, sizeof(double)), *tb = calloc((size_t)reps, sizeof(double));
+  double *busy = calloc((size_t)reps, sizeof(double));
+  int ok = out && dx && topk && tf && tb && busy && !cli_lib(c, dsv4_weights_create(&g, &j->cfg, j->layer));
+  const int cp = c->size > 1;
+  float loss;
+  for (int r = -1; ok && r < reps; r++) { /* r = -1: warm-up */
+    if (r == 0 && cp) dsv4_cp_stats_reset(dsv4_layer_core(l));
+    dsv4_cp_stats before = {0}, after = {0};
+    if (cp) dsv4_cp_get_stats(dsv4_layer_core(l), &before);
+    MPI_Barrier(c->comm);
+    const double t0 = MPI_Wtime();
+    ok = !cli_lib(c, dsv4_layer_forward(l, out, topk, &loss, j->x, n, &j->pk, 1));
+    const double t1 = MPI_Wtime();
+    if (ok && r == reps - 1) *saved = dsv4_layer_saved_bytes(l);
+    ok = ok && !cli_lib(c, dsv4_layer_backward(l, dx, g, j->dout, 1.0f));
+    const double t2 = MPI_Wtime();
+    if (r < 0) continue;
+    if (cp) dsv4_cp_get_stats(dsv4_layer_core(l), &after);
+    double wait = 0;
+    for (int m = 0; m < DSV4_MSG_KINDS; m++) wait += after.seconds[m] - before.seconds[m];
+    tf[r] = t1 - t0;
+    tb[r] = t2 - t1;
+    busy[r] = t2 - t0 - wait;
+  }
+  if (ok) {
+    tm->fwd = median(tf, reps);
+    tm->bwd = median(tb, reps);
+    tm->busy = median(busy, reps);
+    if (cp) dsv4_cp_get_stats(dsv4_layer_core(l), st);
+  }
+  free(out), free(dx), free(topk), free(tf), free(tb), free(busy);
+  dsv4_weights_free(g);
+  return ok;
+}
+
+/* Rank 0 prints the row and appends the JSON record; per-rank values are gathered first. */
+static void report(cli_ctx *c, const job *j, const char *split, int reps, const timing *tm, const dsv4_cp_stats *st,
+                   size_t saved, double sgemm, double blocking, const char *json) {
+  struct rec {
+    double fwd, bwd, busy, rss_mb, saved_mb, sgemm, hidden;
+    dsv4_cp_stats st;
+  } mine = {tm->fwd, tm->bwd, tm->busy, 0, (double)saved / 1048576.0, sgemm, 0, *st}, *all = NULL;
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  mine.rss_mb = (double)ru.ru_maxrss / 1024.0;
+  /* hidden fraction of the Stage-1 all-gathers: 1 - (time still waited) / (time a blocking one takes) */
+  const double exposed = st->seconds[DSV4_MSG_SLOT_ALLGATHER] / reps;
+  mine.hidden = blocking > 0 ? fmin(1.0, fmax(0.0, 1.0 - exposed / blocking)) : NAN;
+  if (c->rank == 0) all = calloc((size_t)c->size, sizeof *all);
+  MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, 0, c->comm);
+  if (c->rank != 0) return;
+  double fwd = 0, bwd = 0, busy_max = 0, busy_min = INFINITY, rss = 0, sv = 0, gemm = 0, hidden = 0;
+  for (int r = 0; r < c->size; r++) {
+    fwd = fmax(fwd, all[r].fwd);
+    bwd = fmax(bwd, all[r].bwd);
+    busy_max = fmax(busy_max, all[r].busy);
+    busy_min = fmin(busy_min, all[r].busy);
+    rss = fmax(rss, all[r].rss_mb);
+    sv = fmax(sv, all[r].saved_mb);
+    gemm += all[r].sgemm;
+    hidden += all[r].hidden / c->size;
+  }
+  dsv4_flops f;
+  dsv4_layer_flops(&j->cfg, j->layer, &j->pk, &f);
+  const double gflops = (f.fwd + f.bwd) / (fwd + bwd) / 1e9, spread = busy_min > 0 ? busy_max / busy_min : NAN;
+  char hid[16] = "-";
+  if (!isnan(hidden)) snprintf(hid, sizeof hid, "%.1f%%", 100 * hidden);
+  printf("%5d %6lld %3d %-10s %9.1f %9.1f %8.0f %8.1f %6.1f%% %8.0f %8.0f %6.3f %7s\n", j->ratio, (long long)j->T,
+         c->size, split, 1e3 * fwd, 1e3 * bwd, (double)j->T / (fwd + bwd), gflops, 100.0 * gflops / gemm, rss, sv,
+         spread, hid);
+  fflush(stdout);
+  FILE *fj = json ? fopen(json, "a") : NULL;
+  if (!fj) {
+    free(all);
+    return;
+  }
+  fprintf(fj, "{\"ratio\": %d, \"seq\": %lld, \"ranks\": %d, \"split\": \"%s\", \"threads\": %d, \"reps\": %d, "
+              "\"fwd_s\": %.6f, \"bwd_s\": %.6f, \"tokens_per_s\": %.3f, \"gflop_fwd\": %.3f, \"gflop_bwd\": %.3f, "
+              "\"gflops\": %.3f, \"sgemm_gflops_per_rank\": %.3f, \"fraction_of_sgemm\": %.4f, "
+              "\"peak_rss_mb\": %.1f, \"saved_activation_mb\": %.1f, \"busy_spread\": %.4f, "
+              "\"allgather_blocking_s\": %.6f, \"allgather_hidden_fraction\": %.4f, \"per_rank\": [",
+          j->ratio, (long long)j->T, c->size, split, omp_get_max_threads(), reps, fwd, bwd, (double)j->T / (fwd + bwd),
+          f.fwd / 1e9, f.bwd / 1e9, gflops, gemm / c->size, gflops / gemm, rss, sv, isnan(spread) ? 0 : spread,
+          blocking, isnan(hidden) ? -1.0 : hidden);
+  for (int r = 0; r < c->size; r++) {
+    fprintf(fj, "%s{\"rank\": %d, \"fwd_s\": %.6f, \"bwd_s\": %.6f, \"busy_s\": %.6f, \"peak_rss_mb\": %.1f, "
+                "\"saved_activation_mb\": %.1f, \"messages\": {",
+            r ? ", " : "", r, all[r].fwd, all[r].bwd, all[r].busy, all[r].rss_mb, all[r].saved_mb);
+    for (int m = 0; m < DSV4_MSG_KINDS; m++)
+      fprintf(fj, "%s\"%s\": {\"bytes_sent\": %.0f, \"bytes_recv\": %.0f, \"wait_s\": %.6f}", m ? ", " : "",
+              dsv4_msg_kind_name((dsv4_msg_kind)m), (double)all[r].st.bytes_sent[m] / reps,
+              (double)all[r].st.bytes_recv[m] / reps, all[r].st.seconds[m] / reps);
+    fprintf(fj, "}}");
+  }
+  fprintf(fj, "]}\n");
+  fclose(fj);
+  free(all);
+}
+
+int cmd_bench(cli_ctx *c, int argc, char **argv) {
+  static const char *USAGE =
+      "usage: [mpirun -np N] dsv4cp bench [--preset flash] --layer L --seq S [--reps K] [--json FILE] [options]\n"
+      "\n"
+      "One benchmark configuration: forward and backward of one layer (CP = N under mpirun), medians of\n"
+      "--reps runs after a warm-up; prints one row (--header prints the column names) and appends a JSON\n"
+      "object to --json. `make bench` (bench/run_bench.sh) runs the whole report.";
+  job_opts o = {.preset = "flash", .random_dout = 1};
+  const char *reps_s = NULL, *json = NULL, *threads = NULL;
+  int header = 0;
+  cli_opt opts[24];
+  int k = job_common_opts(&o, opts);
+  opts[k++] = (cli_opt){"reps", "K", "timed repetitions after one warm-up (default 3)", &reps_s, NULL};
+  opts[k++] = (cli_opt){"json", "FILE", "append the result as one JSON object per line", &json, NULL};
+  opts[k++] = (cli_opt){"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL};
+  opts[k++] = (cli_opt){"header", NULL, "print the column names first", NULL, &header};
+  opts[k] = (cli_opt){0};
+  int p = cli_parse(c, argc, argv, 2, opts, USAGE);
+  if (p == 1) return 0;
+  int64_t reps = DEFAULT_REPS;
+  if (p == 0 && reps_s) cli_int(c, "reps", reps_s, 1, 1000, &reps);
+  if (!c->err[0]) cli_set_threads(c, threads);
+  if (cli_sync(c)) return 1;
+  if (header)
+    cli_say(c, "%5s %6s %3s %-10s %9s %9s %8s %8s %7s %8s %8s %6s %7s\n", "ratio", "seq", "N", "split", "fwd ms",
+            "bwd ms", "tok/s", "GFLOP/s", "sgemm", "RSS MB", "act MB", "spread", "hidden");
+  job j;
+  job_load(c, &j, &o);
+  dsv4_layer *l = NULL;
+  dsv4_comm *comm = NULL;
+  timing tm = {0};
+  dsv4_cp_stats st = {0};
+  size_t saved = 0;
+  if (!cli_sync(c)) {
+    const double gemm = sgemm_rate(c);
+    if (!cli_lib(c, dsv4_layer_create(&l, &j.cfg, j.layer, j.w)) && c->size > 1 &&
+        !cli_lib(c, dsv4_comm_create_mpi(&comm, c->comm)))
+      cli_lib(c, dsv4_cp_patch(dsv4_layer_core(l), comm, &j.cp));
+    if (!cli_sync(c) && measure(c, &j, l, (int)reps, &tm, &st, &saved) && !cli_sync(c)) {
+      const int64_t blk = j.ratio > 0 ? j.n / j.ratio : 0;
+      double blocking = blocking_allgather(c, sizeof(float) * (size_t)(blk * j.cfg.head_dim));
+      if (j.ratio == 4) blocking += blocking_allgather(c, sizeof(float) * (size_t)(blk * j.cfg.index_head_dim));
+      report(c, &j, o.split ? o.split : "contiguous", (int)reps, &tm, &st, saved, gemm, blocking, json);
+    }
+  }
+  int failed = cli_sync(c);
+  dsv4_layer_free(l);
+  dsv4_comm_free(comm);
+  job_free(&j);
+  return failed;
+}
