@@ -21,7 +21,7 @@ struct dsv4_layer {
   int valid;
   int64_t n;
   const float *x;
-  float *a, *qr, *b, *q, *c, *kv, *o, *op, *u;  /* activations, see forward */
+  float *a, *qr, *q, *c, *kv, *o, *u;           /* activations, see forward */
   float *sa, *sb, *sc;                           /* inverse rms of a [n], b [n, H], c [n] */
   int32_t *pos;
   uint8_t *real;
@@ -29,10 +29,9 @@ struct dsv4_layer {
 };
 
 static void saved_free(dsv4_layer *l) {
-  void *p[] = {l->a, l->qr, l->b, l->q, l->c, l->kv, l->o, l->op, l->u, l->sa, l->sb, l->sc,
-               l->pos, l->real, l->glob};
+  void *p[] = {l->a, l->qr, l->q, l->c, l->kv, l->o, l->u, l->sa, l->sb, l->sc, l->pos, l->real, l->glob};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
-  l->a = l->qr = l->b = l->q = l->c = l->kv = l->o = l->op = l->u = l->sa = l->sb = l->sc = NULL;
+  l->a = l->qr = l->q = l->c = l->kv = l->o = l->u = l->sa = l->sb = l->sc = NULL;
   l->pos = NULL;
   l->real = NULL;
   l->glob = NULL;
@@ -69,14 +68,25 @@ size_t dsv4_layer_saved_bytes(const dsv4_layer *l) {
   if (!l || !l->valid) return 0;
   const dsv4_config *c = &l->cfg;
   const size_t n = (size_t)l->n, H = (size_t)c->n_heads, D = (size_t)c->head_dim, dq = (size_t)c->q_lora_rank;
-  size_t floats = 2 * n * dq + (l->b ? n * H * D : 0) + n * H * D + 2 * n * D + n * H * D +
-                  (l->op ? n * H * D : 0) + n * (size_t)(c->o_groups * c->o_lora_rank) + n * (2 + H);
+  size_t floats = 2 * n * dq + 2 * n * H * D + 2 * n * D + n * (size_t)(c->o_groups * c->o_lora_rank) + n * (2 + H);
   return sizeof(float) * floats + n * (sizeof(int64_t) + sizeof(int32_t) + 1) + dsv4_core_saved_bytes(l->core);
 }
 
 void dsv4_layer_set_impl(dsv4_layer *l, dsv4_impl impl) {
   l->impl = impl;
   dsv4_core_set_impl(l->core, impl);
+}
+
+/* dst [n, (H/G) D] = heads of group g of o with the inverse RoPE at each row's position (step 8). */
+static void rotated_group(const dsv4_layer *l, float *dst, int64_t g) {
+  const int64_t H = l->cfg.n_heads, D = l->cfg.head_dim, HG = H / l->cfg.o_groups;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < l->n; i++)
+    for (int64_t h = 0; h < HG; h++) {
+      float *v = dst + (i * HG + h) * D;
+      memcpy(v, l->o + (i * H + g * HG + h) * D, sizeof(float) * (size_t)D);
+      dsv4_rope_apply(&l->core->rope, v, (int)D, l->pos[i], 1);
+    }
 }
 
 dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, float *indexer_loss,
@@ -88,6 +98,7 @@ dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, flo
   const int64_t G = cf->o_groups, Ro = cf->o_lora_rank, HGD = (H / G) * D;
   const dsv4_weights *w = l->w;
   dsv4_core *core = l->core;
+  float *og = NULL;
   saved_free(l);
   DSV4_CHECK(out && x && pk, DSV4_ERR_ARG, "layer forward: out, x and pk are required");
   DSV4_TRY(dsv4_core_token_map(core, pk, n, &map));
@@ -109,7 +120,6 @@ dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, flo
   DSV4_TRY(dsv4_proj_rows(Y, ldy, X, ldx, W, n, N, K, l->glob, P, l->impl))
   DSV4_ALLOC(l->a, n * dq + 1);
   DSV4_ALLOC(l->qr, n * dq + 1);
-  DSV4_ALLOC(l->b, n * H * D + 1);
   DSV4_ALLOC(l->q, n * H * D + 1);
   DSV4_ALLOC(l->c, n * D + 1);
   DSV4_ALLOC(l->kv, n * D + 1);
@@ -121,14 +131,14 @@ dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, flo
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i++)
     l->sa[i] = dsv4_rmsnorm_row(l->qr + i * dq, l->a + i * dq, dsv4_w(w, W_Q_NORM), (int)dq, cf->eps);
-  PROJ(l->b, H * D, l->qr, dq, dsv4_w(w, W_WQ_B), H * D, dq);
+  PROJ(l->q, H * D, l->qr, dq, dsv4_w(w, W_WQ_B), H * D, dq); /* b = wq_b qr, normed in place below */
   /* step 2: kv = RoPE(RMSNorm_{kv_norm}(wkv x)) */
   PROJ(l->c, D, x, d, dsv4_w(w, W_WKV), D, d);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i++) {
     for (int64_t h = 0; h < H; h++) {
       float *qh = l->q + (i * H + h) * D;
-      l->sb[i * H + h] = dsv4_rmsnorm_row(qh, l->b + (i * H + h) * D, NULL, (int)D, cf->eps);
+      l->sb[i * H + h] = dsv4_rmsnorm_row(qh, qh, NULL, (int)D, cf->eps);
       dsv4_rope_apply(&core->rope, qh, (int)D, l->pos[i], 0);
     }
     l->sc[i] = dsv4_rmsnorm_row(l->kv + i * D, l->c + i * D, dsv4_w(w, W_KV_NORM), (int)D, cf->eps);
@@ -140,20 +150,21 @@ dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, flo
                            .kv = l->kv, .x = x, .qr = l->qr, .pk = pk, .n = n, .train = train};
   DSV4_TRY(dsv4_core_forward(core, &ca));
   /* step 8: inverse RoPE at the query position; step 9: grouped output projection */
-  DSV4_ALLOC(l->op, n * H * D + 1);
-  memcpy(l->op, l->o, sizeof(float) * (size_t)(n * H * D));
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i++)
-    for (int64_t h = 0; h < H; h++) dsv4_rope_apply(&core->rope, l->op + (i * H + h) * D, (int)D, l->pos[i], 1);
+  /* one group at a time through a [n, (H/G) D] buffer: the rotated output is never kept whole (the
+   * backward rebuilds it from o) */
   DSV4_ALLOC(l->u, n * G * Ro + 1);
-  for (int64_t g = 0; g < G; g++)
-    PROJ(l->u + g * Ro, G * Ro, l->op + g * HGD, H * D, dsv4_w(w, W_WO_A) + g * Ro * HGD, Ro, HGD);
+  DSV4_ALLOC(og, n * HGD + 1);
+  for (int64_t g = 0; g < G; g++) {
+    rotated_group(l, og, g);
+    PROJ(l->u + g * Ro, G * Ro, og, HGD, dsv4_w(w, W_WO_A) + g * Ro * HGD, Ro, HGD);
+  }
   PROJ(out, d, l->u, G * Ro, dsv4_w(w, W_WO_B), d, G * Ro);
 #undef PROJ
   for (int64_t i = 0; i < n; i++)
     if (!l->real[i]) memset(out + i * d, 0, sizeof(float) * (size_t)d);
   l->valid = train;
 fail:
+  free(og);
   if (rc != DSV4_OK || !train) saved_free(l);
   return rc;
 }
@@ -167,6 +178,7 @@ dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, c
   const dsv4_weights *w = l->w;
   const dsv4_kernels *K = dsv4_kernels_get(l->impl);
   float *g = NULL, *du = NULL, *dop = NULL, *dq_ = NULL, *dkv = NULL, *dqr = NULL;
+  int oom = 0;
   DSV4_CHECK(l->valid, DSV4_ERR_STATE, "layer backward called without a training forward (train = 1)");
   DSV4_CHECK(dx && grads && dout, DSV4_ERR_ARG, "layer backward: dx, grads and dout are required");
   DSV4_CHECK(dsv4_weights_layer(grads) == l->layer, DSV4_ERR_ARG,
@@ -179,12 +191,20 @@ dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, c
   K->gemm_tn(d, G * Ro, n, 1.0f, g, d, l->u, G * Ro, 1.0f, dsv4_w(grads, W_WO_B), G * Ro);
   DSV4_ALLOC(du, n * G * Ro + 1);
   K->gemm_nn(n, G * Ro, d, 1.0f, g, d, dsv4_w(w, W_WO_B), G * Ro, 0.0f, du, G * Ro);
+  /* dop holds the rotated output op group by group; each group's columns serve dW first and are
+   * then overwritten by that group's d op */
   DSV4_ALLOC(dop, n * H * D + 1);
   for (int64_t gi = 0; gi < G; gi++) {
-    K->gemm_tn(Ro, HGD, n, 1.0f, du + gi * Ro, G * Ro, l->op + gi * HGD, H * D, 1.0f,
-               dsv4_w(grads, W_WO_A) + gi * Ro * HGD, HGD);
-    K->gemm_nn(n, HGD, Ro, 1.0f, du + gi * Ro, G * Ro, dsv4_w(w, W_WO_A) + gi * Ro * HGD, HGD, 0.0f,
-               dop + gi * HGD, H * D);
+    float *x = dop + gi * HGD;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t h = 0; h < H / G; h++) {
+        float *v = x + i * H * D + h * D;
+        memcpy(v, l->o + (i * H + gi * (H / G) + h) * D, sizeof(float) * (size_t)D);
+        dsv4_rope_apply(&l->core->rope, v, (int)D, l->pos[i], 1);
+      }
+    K->gemm_tn(Ro, HGD, n, 1.0f, du + gi * Ro, G * Ro, x, H * D, 1.0f, dsv4_w(grads, W_WO_A) + gi * Ro * HGD, HGD);
+    K->gemm_nn(n, HGD, Ro, 1.0f, du + gi * Ro, G * Ro, dsv4_w(w, W_WO_A) + gi * Ro * HGD, HGD, 0.0f, x, H * D);
   }
   /* op = RoPE_{-p}(o)  ->  d o = RoPE_{+p}(d op) */
 #pragma omp parallel for schedule(static)
@@ -195,16 +215,31 @@ dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, c
   memset(dx, 0, sizeof(float) * (size_t)(n * d));
   dsv4_core_bwd_args cb = {.dq = dq_, .dkv = dkv, .dx = dx, .grads = grads, .d_o = dop, .d_loss = d_loss};
   DSV4_TRY(dsv4_core_backward(l->core, &cb));
-  /* q = RoPE(RMSNorm(b)) per head;  kv = RoPE(RMSNorm_{kv_norm}(c)) */
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i++) {
-    for (int64_t h = 0; h < H; h++) {
-      float *dh = dq_ + (i * H + h) * D;
-      dsv4_rope_apply(&l->core->rope, dh, (int)D, l->pos[i], 1);
-      dsv4_rmsnorm_bwd_row(dh, NULL, dh, l->b + (i * H + h) * D, NULL, l->sb[i * H + h], (int)D);
+  /* q = RoPE(RMSNorm(b)) per head, so b = RoPE^T(q) / s (b is not kept);
+   * kv = RoPE(RMSNorm_{kv_norm}(c)) */
+#pragma omp parallel
+  {
+    float *b = malloc(sizeof(float) * (size_t)D);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+      for (int64_t h = 0; h < H && b; h++) {
+        float *dh = dq_ + (i * H + h) * D;
+        const float s = l->sb[i * H + h];
+        memcpy(b, l->q + (i * H + h) * D, sizeof(float) * (size_t)D);
+        dsv4_rope_apply(&l->core->rope, b, (int)D, l->pos[i], 1);
+        for (int64_t e = 0; e < D; e++) b[e] /= s;
+        dsv4_rope_apply(&l->core->rope, dh, (int)D, l->pos[i], 1);
+        dsv4_rmsnorm_bwd_row(dh, NULL, dh, b, NULL, s, (int)D);
+      }
+      dsv4_rope_apply(&l->core->rope, dkv + i * D, (int)D, l->pos[i], 1);
     }
-    dsv4_rope_apply(&l->core->rope, dkv + i * D, (int)D, l->pos[i], 1);
+    if (!b) {
+#pragma omp atomic write
+      oom = 1;
+    }
+    free(b);
   }
+  DSV4_CHECK(!oom, DSV4_ERR_NOMEM, "layer backward: out of memory for scratch");
   float *dkvn = dsv4_w(grads, W_KV_NORM);
   for (int64_t i = 0; i < n; i++) /* serial: accumulates into d kv_norm */
     dsv4_rmsnorm_bwd_row(dkv + i * D, dkvn, dkv + i * D, l->c + i * D, dsv4_w(w, W_KV_NORM), l->sc[i], (int)D);

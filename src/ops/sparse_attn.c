@@ -177,25 +177,28 @@ fail:
   return rc;
 }
 
-/* Backward of one block of n keys K (contiguous rows) for query p, given P = exp(scale q K^T - lse):
- *   dP = dO K^T; dS = P (dP - delta);  dq += scale dS K;  dK += scale dS^T q + P^T dO.
- * S and dP are [H, n] scratch; dK receives the key gradients (beta: 0 overwrite, 1 accumulate). */
-static void bwd_block(const dsv4_attn_args *a, const float *q, const float *dO, const float *lse,
-                      const float *delta, const float *K, int n, float *S, float *dP, float *dq,
-                      int first, float *dK, float beta) {
+/* Backward of one block of n keys K (contiguous rows) for one query, FlashAttention style with the
+ * forward's lse (the probabilities are recomputed, not stored):
+ *   P = exp(scale q K^T - lse);  dS = scale P (dO K^T - delta)   (delta = dO . O per head)
+ *   dq += dS K;   dK = dS^T q + P^T dO  (key and value are one vector: both terms land on K).
+ * QO is [q; dO] stacked [2H, D] and SP the scratch [dS; P] stacked [2H, n], so dK is ONE product
+ * with inner dimension 2H (128 at V4-Flash sizes) instead of two with H: half the output passes.
+ * dK receives the key gradients (beta 0: overwrite, 1: accumulate). */
+static void bwd_block(const dsv4_attn_args *a, const float *QO, const float *lse, const float *delta,
+                      const float *K, int n, float *SP, float *dq, int first, float *dK, float beta) {
   const int H = a->H, D = a->D;
-  dsv4_gemm_nt(H, n, D, a->scale, q, D, K, D, 0.0f, S, n);
-  dsv4_gemm_nt(H, n, D, 1.0f, dO, D, K, D, 0.0f, dP, n);
+  float *dS = SP, *P = SP + (int64_t)H * n;
+  dsv4_gemm_nt(H, n, D, a->scale, QO, D, K, D, 0.0f, P, n);
+  dsv4_gemm_nt(H, n, D, 1.0f, QO + (int64_t)H * D, D, K, D, 0.0f, dS, n);
   for (int h = 0; h < H; h++) {
-    float *s = S + (int64_t)h * n, *dp = dP + (int64_t)h * n;
+    float *pr = P + (int64_t)h * n, *ds = dS + (int64_t)h * n;
     for (int j = 0; j < n; j++) {
-      s[j] = dsv4_exp_neg(s[j] - lse[h]);
-      dp[j] = s[j] * (dp[j] - delta[h]);
+      pr[j] = dsv4_exp_neg(pr[j] - lse[h]);
+      ds[j] = a->scale * pr[j] * (ds[j] - delta[h]);
     }
   }
-  dsv4_gemm_nn(H, D, n, a->scale, dP, n, K, D, first ? 0.0f : 1.0f, dq, D);
-  dsv4_gemm_tn(n, D, H, a->scale, dP, n, q, D, beta, dK, D);
-  dsv4_gemm_tn(n, D, H, 1.0f, S, n, dO, D, 1.0f, dK, D);
+  dsv4_gemm_nn(H, D, n, 1.0f, dS, n, K, D, first ? 0.0f : 1.0f, dq, D);
+  dsv4_gemm_tn(n, D, 2 * H, 1.0f, SP, n, QO, D, beta, dK, D);
 }
 
 dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
@@ -223,7 +226,7 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
     float *d_ori = tid ? priv + (tid - 1) * priv_n : b->d_ori_kv;
     float *d_cmp = tid ? d_ori + a->R * D : b->d_cmp_kv;
     float *d_sink = tid ? d_ori + a->R * D + C * D : b->d_sink;
-    float *S = malloc(sizeof(float) * (size_t)(2 * H * nmax + 2 * ncmax * D + 2 * H + 1));
+    float *S = malloc(sizeof(float) * (size_t)(2 * H * nmax + 2 * ncmax * D + 2 * H * D + 2 * H + 1));
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)(ncmax + 1));
     if (!S || !rows) {
 #pragma omp atomic write
@@ -232,7 +235,7 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
 #pragma omp for schedule(static, 8) /* fixed assignment: per-thread gradient sums are reproducible */
     for (int64_t p = 0; p < a->S1; p++) {
       if (failed) continue;
-      float *dP = S + H * nmax, *Kc = dP + H * nmax, *dKc = Kc + ncmax * D, *delta = dKc + ncmax * D;
+      float *Kc = S + 2 * H * nmax, *dKc = Kc + ncmax * D, *QO = dKc + ncmax * D, *delta = QO + 2 * H * D;
       const float *q = a->q + p * H * D, *dO = b->dout + p * H * D, *O = b->out + p * H * D;
       const float *lse = b->lse + p * H;
       float *dq = b->dq + p * H * D;
@@ -247,20 +250,22 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
         delta[h] = s;
         d_sink[h] -= dsv4_exp_neg(a->sink[h] - lse[h]) * s;
       }
+      memcpy(QO, q, sizeof(float) * H * D);
+      memcpy(QO + H * D, dO, sizeof(float) * H * D);
       const int64_t ws = a->win_start[p];
-      bwd_block(a, q, dO, lse, delta, a->ori_kv + ws * D, nw, S, dP, dq, 1, d_ori + ws * D, 1.0f);
+      bwd_block(a, QO, lse, delta, a->ori_kv + ws * D, nw, S, dq, 1, d_ori + ws * D, 1.0f);
       int nc;
       const float *K = cmp_keys(a, p, rows, Kc, &nc);
       if (nc == 0) continue;
       if (a->cmp_ids) {
-        bwd_block(a, q, dO, lse, delta, K, nc, S, dP, dq, 0, dKc, 0.0f);
+        bwd_block(a, QO, lse, delta, K, nc, S, dq, 0, dKc, 0.0f);
         for (int j = 0; j < nc; j++) {
           float *dst = d_cmp + (int64_t)rows[j] * D;
           const float *src = dKc + (int64_t)j * D;
           for (int e = 0; e < D; e++) dst[e] += src[e];
         }
       } else {
-        bwd_block(a, q, dO, lse, delta, K, nc, S, dP, dq, 0, d_cmp + (int64_t)rows[0] * D, 1.0f);
+        bwd_block(a, QO, lse, delta, K, nc, S, dq, 0, d_cmp + (int64_t)rows[0] * D, 1.0f);
       }
     }
     free(S);
