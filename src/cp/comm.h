@@ -18,6 +18,8 @@ typedef struct {
   dsv4_status (*irecv)(void *impl, void *buf, size_t bytes, int peer, int tag, dsv4_comm_req **req);
   /* recv[r * bytes ..] = rank r's send, for every rank r. */
   dsv4_status (*iallgather)(void *impl, const void *send, void *recv, size_t bytes, dsv4_comm_req **req);
+  /* Lets pending requests progress without blocking; completed ones are freed and set to NULL. */
+  dsv4_status (*test)(void *impl, dsv4_comm_req **reqs, int n);
   /* Completes and frees n requests (NULL entries are skipped). */
   dsv4_status (*wait)(void *impl, dsv4_comm_req **reqs, int n);
   /* recv[0..n) = sum over ranks of send[rank * n ..]. */
@@ -45,6 +47,9 @@ static inline dsv4_status dsv4_comm_irecv(dsv4_comm *c, void *b, size_t n, int p
 static inline dsv4_status dsv4_comm_iallgather(dsv4_comm *c, const void *s, void *r, size_t n,
                                                dsv4_comm_req **q) {
   return c->ops->iallgather(c->impl, s, r, n, q);
+}
+static inline dsv4_status dsv4_comm_test(dsv4_comm *c, dsv4_comm_req **r, int n) {
+  return c->ops->test(c->impl, r, n);
 }
 static inline dsv4_status dsv4_comm_wait(dsv4_comm *c, dsv4_comm_req **r, int n) {
   return c->ops->wait(c->impl, r, n);

@@ -76,6 +76,24 @@ fail:
   return rc;
 }
 
+/* MPI moves a non-blocking collective along only inside MPI calls (no progress thread by
+ * default), so the CP core calls this between queries while the all-gather should overlap. */
+static dsv4_status m_test(void *impl, dsv4_comm_req **reqs, int n) {
+  dsv4_status rc = DSV4_OK;
+  (void)impl;
+  for (int i = 0; i < n; i++) {
+    if (!reqs[i]) continue;
+    int done = 0;
+    MPI_TRY(MPI_Test(&reqs[i]->r, &done, MPI_STATUS_IGNORE), "Test");
+    if (done) {
+      free(reqs[i]);
+      reqs[i] = NULL;
+    }
+  }
+fail:
+  return rc;
+}
+
 static dsv4_status m_wait(void *impl, dsv4_comm_req **reqs, int n) {
   dsv4_status rc = DSV4_OK;
   (void)impl;
@@ -128,7 +146,7 @@ static void m_destroy(void *impl) {
   free(m);
 }
 
-static const dsv4_comm_ops MPI_OPS = {m_isend, m_irecv, m_iallgather, m_wait,
+static const dsv4_comm_ops MPI_OPS = {m_isend, m_irecv, m_iallgather, m_test, m_wait,
                                       m_reduce_scatter, m_allreduce, m_bcast, m_destroy};
 
 dsv4_status dsv4_comm_create_mpi(dsv4_comm **out, MPI_Comm comm) {

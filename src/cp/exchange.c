@@ -146,6 +146,11 @@ static dsv4_status x_gather_wait(void *s, int which) {
   return rc;
 }
 
+static void x_progress(void *s) {
+  cp_state *st = s;
+  dsv4_comm_test(st->comm, st->gather_req, 2);
+}
+
 static void x_drain(void *s) {
   cp_state *st = s;
   dsv4_comm_wait(st->comm, st->gather_req, 2);
@@ -202,6 +207,7 @@ const dsv4_exchange *cp_exchange(cp_state *st, dsv4_exchange *x) {
                        .cmp_halo = x_cmp_halo,
                        .gather_start = x_gather_start,
                        .gather_wait = x_gather_wait,
+                       .progress = x_progress,
                        .drain = x_drain,
                        .win_halo = x_win_halo,
                        .reduce_loss = x_reduce_loss,

@@ -275,8 +275,10 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
   if (c->impl == DSV4_IMPL_FAST) {
     DSV4_TRY(dsv4_attn_layout_check(&at, x->nranks, places));
     DSV4_ALLOC(ml, 2 * n * H + 1);
-    DSV4_TRY(dsv4_sparse_attn_window(&at, ml, ml + n * H));
+    DSV4_TRY(dsv4_sparse_attn_window_progress(&at, ml, ml + n * H, x->progress, x->st));
   }
+  /* more local work before waiting: the indexer's queries and weights */
+  if (r == 4) DSV4_TRY(indexer_queries(c, a));
   if (r > 0) {
     DSV4_TRY(stage1_finish(c, x, 0, all, &sv->cmp));
     at.cmp_kv = sv->cmp;
@@ -286,7 +288,6 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
   }
   if (r == 4) {
     DSV4_TRY(stage1_finish(c, x, 1, all_i, &sv->KI));
-    DSV4_TRY(indexer_queries(c, a));
     const int k = c->cfg.index_topk;
     DSV4_ALLOC(sv->topk, n * k + 1);
     DSV4_ALLOC(sv->scores, n * k + 1);

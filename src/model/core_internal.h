@@ -69,6 +69,9 @@ typedef struct {
   dsv4_status (*gather_start)(void *st, const dsv4_layout *lay, const float *local, float *all, int D,
                               int which);
   dsv4_status (*gather_wait)(void *st, int which);
+  /* Lets started all-gathers progress (called between queries of the window phase, from the main
+   * thread); may be NULL. */
+  void (*progress)(void *st);
   /* Completes any started all-gather (called on the error path before buffers are freed). */
   void (*drain)(void *st);
   /* Stage 2: fills the window halo rows of kv_ext. */

@@ -56,6 +56,14 @@ static void softmax_rows(float *S, int H, int n, float *mx, float *l) {
 }
 
 dsv4_status dsv4_sparse_attn_window(const dsv4_attn_args *a, float *m_w, float *l_w) {
+  return dsv4_sparse_attn_window_progress(a, m_w, l_w, NULL, NULL);
+}
+
+/* Queries between two progress calls: ~1 ms of window attention at V4-Flash sizes. */
+#define PROGRESS_EVERY 16
+
+dsv4_status dsv4_sparse_attn_window_progress(const dsv4_attn_args *a, float *m_w, float *l_w,
+                                             void (*progress)(void *), void *ctx) {
   dsv4_status rc = DSV4_OK;
   DSV4_TRY(dsv4_attn_check(a));
   const int H = a->H, D = a->D;
@@ -68,8 +76,9 @@ dsv4_status dsv4_sparse_attn_window(const dsv4_attn_args *a, float *m_w, float *
 #pragma omp atomic write
       failed = 1;
     }
-#pragma omp for schedule(dynamic, 16)
+#pragma omp for schedule(dynamic, PROGRESS_EVERY)
     for (int64_t p = 0; p < a->S1; p++) {
+      if (progress && p % PROGRESS_EVERY == 0 && dsv4_thread_id() == 0) progress(ctx);
       if (!S) continue;
       const int nw = a->win_len[p];
       const float *q = a->q + p * H * D, *Kw = a->ori_kv + (int64_t)a->win_start[p] * D;

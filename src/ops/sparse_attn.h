@@ -9,6 +9,10 @@
 /* Window keys only: out <- unnormalised sum_j e^{z_j - m_w} k_j, m_w = max_j z_j, l_w = sum e^{..}.
  * m_w, l_w: [S1, H]. cmp_* and sink are not read. */
 dsv4_status dsv4_sparse_attn_window(const dsv4_attn_args *a, float *m_w, float *l_w);
+/* The same, calling progress(ctx) from the calling thread every few queries (so that non-blocking
+ * messages move while the phase runs); progress may be NULL. */
+dsv4_status dsv4_sparse_attn_window_progress(const dsv4_attn_args *a, float *m_w, float *l_w,
+                                             void (*progress)(void *), void *ctx);
 /* Compressed keys and sink, merged with the window phase's state; writes normalised out and lse. */
 dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, const float *l_w);
 
