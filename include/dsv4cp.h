@@ -418,6 +418,15 @@ typedef struct {
 
 const char *dsv4_msg_kind_name(dsv4_msg_kind k);
 
+/* The plan of one layer forward + backward under CP, computed on the host (docs/cp.md): bytes and
+ * messages per kind for rank `rank` of `size` (what dsv4_cp_get_stats measures, exactly), and the
+ * bytes a rank holds: the weight set (its gradients take as much again) and the activations saved
+ * for the backward. */
+dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                 const dsv4_cp_config *cp, int rank, int size, dsv4_cp_stats *out);
+dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_cp_config *cp,
+                                int rank, int size, size_t *weights_bytes, size_t *saved_bytes);
+
 /* The global rows rank `rank` of `size` holds (SPEC 5): for the contiguous split the slice
  * [rank L, (rank+1) L) of the stream, L = T / size (for batched input the same slice of every
  * sequence); for zigzag, chunks rank and 2 size - 1 - rank of 2 size (of every sequence).

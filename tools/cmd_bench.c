@@ -113,8 +113,15 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
                    size_t saved, double sgemm, double blocking, const char *json) {
   struct rec {
     double fwd, bwd, busy, rss_mb, saved_mb, sgemm, hidden;
+    int planned; /* measured bytes and messages per call == dsv4_cp_plan_traffic, every kind */
     dsv4_cp_stats st;
-  } mine = {tm->fwd, tm->bwd, tm->busy, 0, (double)saved / 1048576.0, sgemm, 0, *st}, *all = NULL;
+  } mine = {tm->fwd, tm->bwd, tm->busy, 0, (double)saved / 1048576.0, sgemm, 0, 1, *st}, *all = NULL;
+  dsv4_cp_stats plan;
+  if (dsv4_cp_plan_traffic(&j->cfg, j->layer, &j->pk, &j->cp, c->rank, c->size, &plan) != DSV4_OK) mine.planned = 0;
+  for (int m = 0; m < DSV4_MSG_KINDS && c->size > 1; m++)
+    mine.planned &= st->bytes_sent[m] == plan.bytes_sent[m] * (uint64_t)reps &&
+                    st->bytes_recv[m] == plan.bytes_recv[m] * (uint64_t)reps &&
+                    st->messages[m] == plan.messages[m] * (uint64_t)reps;
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   mine.rss_mb = (double)ru.ru_maxrss / 1024.0;
@@ -125,6 +132,7 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
   MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, 0, c->comm);
   if (c->rank != 0) return;
   double fwd = 0, bwd = 0, busy_max = 0, busy_min = INFINITY, rss = 0, sv = 0, gemm = 0, hidden = 0;
+  int planned = 1;
   for (int r = 0; r < c->size; r++) {
     fwd = fmax(fwd, all[r].fwd);
     bwd = fmax(bwd, all[r].bwd);
@@ -134,15 +142,16 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
     sv = fmax(sv, all[r].saved_mb);
     gemm += all[r].sgemm;
     hidden += all[r].hidden / c->size;
+    planned &= all[r].planned;
   }
   dsv4_flops f;
   dsv4_layer_flops(&j->cfg, j->layer, &j->pk, &f);
   const double gflops = (f.fwd + f.bwd) / (fwd + bwd) / 1e9, spread = busy_min > 0 ? busy_max / busy_min : NAN;
   char hid[16] = "-";
   if (!isnan(hidden)) snprintf(hid, sizeof hid, "%.1f%%", 100 * hidden);
-  printf("%5d %6lld %3d %-10s %9.1f %9.1f %8.0f %8.1f %6.1f%% %8.0f %8.0f %6.3f %7s\n", j->ratio, (long long)j->T,
-         c->size, split, 1e3 * fwd, 1e3 * bwd, (double)j->T / (fwd + bwd), gflops, 100.0 * gflops / gemm, rss, sv,
-         spread, hid);
+  printf("%5d %6lld %3d %-10s %9.1f %9.1f %8.0f %8.1f %6.1f%% %8.0f %8.0f %6.3f %7s %5s\n", j->ratio,
+         (long long)j->T, c->size, split, 1e3 * fwd, 1e3 * bwd, (double)j->T / (fwd + bwd), gflops,
+         100.0 * gflops / gemm, rss, sv, spread, hid, c->size == 1 ? "-" : planned ? "yes" : "NO");
   fflush(stdout);
   FILE *fj = json ? fopen(json, "a") : NULL;
   if (!fj) {
@@ -153,10 +162,11 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
               "\"fwd_s\": %.6f, \"bwd_s\": %.6f, \"tokens_per_s\": %.3f, \"gflop_fwd\": %.3f, \"gflop_bwd\": %.3f, "
               "\"gflops\": %.3f, \"sgemm_gflops_per_rank\": %.3f, \"fraction_of_sgemm\": %.4f, "
               "\"peak_rss_mb\": %.1f, \"saved_activation_mb\": %.1f, \"busy_spread\": %.4f, "
-              "\"allgather_blocking_s\": %.6f, \"allgather_hidden_fraction\": %.4f, \"per_rank\": [",
+              "\"allgather_blocking_s\": %.6f, \"allgather_hidden_fraction\": %.4f, \"bytes_match_plan\": %s, "
+              "\"per_rank\": [",
           j->ratio, (long long)j->T, c->size, split, omp_get_max_threads(), reps, fwd, bwd, (double)j->T / (fwd + bwd),
           f.fwd / 1e9, f.bwd / 1e9, gflops, gemm / c->size, gflops / gemm, rss, sv, isnan(spread) ? 0 : spread,
-          blocking, isnan(hidden) ? -1.0 : hidden);
+          blocking, isnan(hidden) ? -1.0 : hidden, c->size == 1 ? "null" : planned ? "true" : "false");
   for (int r = 0; r < c->size; r++) {
     fprintf(fj, "%s{\"rank\": %d, \"fwd_s\": %.6f, \"bwd_s\": %.6f, \"busy_s\": %.6f, \"peak_rss_mb\": %.1f, "
                 "\"saved_activation_mb\": %.1f, \"messages\": {",
@@ -196,8 +206,8 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   if (!c->err[0]) cli_set_threads(c, threads);
   if (cli_sync(c)) return 1;
   if (header)
-    cli_say(c, "%5s %6s %3s %-10s %9s %9s %8s %8s %7s %8s %8s %6s %7s\n", "ratio", "seq", "N", "split", "fwd ms",
-            "bwd ms", "tok/s", "GFLOP/s", "sgemm", "RSS MB", "act MB", "spread", "hidden");
+    cli_say(c, "%5s %6s %3s %-10s %9s %9s %8s %8s %7s %8s %8s %6s %7s %5s\n", "ratio", "seq", "N", "split", "fwd ms",
+            "bwd ms", "tok/s", "GFLOP/s", "sgemm", "RSS MB", "act MB", "spread", "hidden", "plan");
   job j;
   job_load(c, &j, &o);
   dsv4_layer *l = NULL;

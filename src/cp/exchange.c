@@ -172,11 +172,7 @@ static dsv4_status x_blocks_rs(void *s, const dsv4_layout *lay, const float *d_a
 static dsv4_status x_reduce_loss(void *s, dsv4_exactsum *sum, int64_t *count) {
   dsv4_status rc = DSV4_OK;
   cp_state *st = s;
-  typedef struct {
-    dsv4_exactsum sum;
-    int64_t count;
-  } rec;
-  rec mine = {*sum, *count}, *all = NULL;
+  cp_loss_rec mine = {*sum, *count}, *all = NULL;
   dsv4_comm_req *req = NULL;
   const int N = st->comm->size;
   DSV4_ALLOC(all, N);

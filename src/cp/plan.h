@@ -26,6 +26,12 @@ typedef struct {
 
 void cp_plan_free(cp_plan *p);
 
+/* The KL loss partial each rank all-gathers: exact sum and valid count. */
+typedef struct {
+  dsv4_exactsum sum;
+  int64_t count;
+} cp_loss_rec;
+
 /* Layout of rank `rank` of `size` (segments from the split, halos, offsets; gather index when
  * with_gather). Halos: window halo = min(t0, W - 1) rows for a segment whose first token (doc-local
  * t0) is real, else 0; compressor halo (r == 4) when the first block is slot j > 0 of a document. */

@@ -24,26 +24,6 @@ void dsv4_core_saved_free(dsv4_core_saved *sv) {
   memset(sv, 0, sizeof *sv);
 }
 
-size_t dsv4_core_saved_bytes(const dsv4_core *c) {
-  const dsv4_core_saved *sv = &c->sv;
-  if (!sv->valid) return 0;
-  const size_t n = (size_t)sv->n, D = (size_t)c->cfg.head_dim, H = (size_t)c->cfg.n_heads;
-  const size_t Hi = (size_t)c->cfg.index_n_heads, Di = (size_t)c->cfg.index_head_dim, r = (size_t)c->ratio;
-  const size_t Rc = (size_t)sv->lay.R_c, cmp = (size_t)sv->docs.n_cmp, cD = (r == 4 ? 2 : 1) * D;
-  size_t floats = (sv->kv_ext ? (size_t)sv->lay.R_kv * D : 0) + n * H;
-  size_t ints = 2 * n;
-  if (r > 0) {
-    floats += 2 * Rc * cD + cmp * D;
-    ints += 4 * (size_t)sv->n_slot + 2 * n;
-  }
-  if (r == 4) {
-    floats += 2 * Rc * 2 * Di + cmp * Di + n * Hi * Di + n * Hi;
-    ints += n * (size_t)c->cfg.index_topk;
-    floats += n * (size_t)c->cfg.index_topk * (sv->teacher ? 2 : 1);
-  }
-  return sizeof(float) * floats + sizeof(int32_t) * ints;
-}
-
 /* Y rows of every segment = X rows . W^T, in the global panels of util/gemm.h. Y's rows for
  * segment s start at y_row(s); X is [n, K] in local row order. */
 static dsv4_status proj_segments(const dsv4_core *c, const dsv4_layout *lay, float *Y, int64_t ldy,

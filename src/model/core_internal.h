@@ -124,8 +124,9 @@ struct dsv4_core {
 };
 
 void dsv4_core_saved_free(dsv4_core_saved *sv);
-/* Bytes held in c->sv for the backward. */
-size_t dsv4_core_saved_bytes(const dsv4_core *c);
+/* Bytes a training forward keeps for the backward (layer and core), from shapes (memory.c). */
+size_t dsv4_saved_bytes_formula(const dsv4_config *c, int ratio, int64_t n, int64_t R_kv, int ext_kv,
+                                int64_t R_c, int64_t n_slot, int64_t n_cmp);
 
 /* The two-stage forward and backward over an exchange (core_fwd.c, core_bwd.c). */
 dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x);

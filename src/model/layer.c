@@ -66,10 +66,9 @@ dsv4_core *dsv4_layer_core(dsv4_layer *l) { return l->core; }
 
 size_t dsv4_layer_saved_bytes(const dsv4_layer *l) {
   if (!l || !l->valid) return 0;
-  const dsv4_config *c = &l->cfg;
-  const size_t n = (size_t)l->n, H = (size_t)c->n_heads, D = (size_t)c->head_dim, dq = (size_t)c->q_lora_rank;
-  size_t floats = 2 * n * dq + 2 * n * H * D + 2 * n * D + n * (size_t)(c->o_groups * c->o_lora_rank) + n * (2 + H);
-  return sizeof(float) * floats + n * (sizeof(int64_t) + sizeof(int32_t) + 1) + dsv4_core_saved_bytes(l->core);
+  const dsv4_core_saved *sv = &l->core->sv;
+  return dsv4_saved_bytes_formula(&l->cfg, l->core->ratio, l->n, sv->lay.R_kv, sv->lay.ext_kv, sv->lay.R_c,
+                                  sv->n_slot, sv->docs.n_cmp);
 }
 
 void dsv4_layer_set_impl(dsv4_layer *l, dsv4_impl impl) {

@@ -1,0 +1,202 @@
+#!/usr/bin/env -S /usr/bin/python3
+"""report.py OUT: turns bench/out/results.jsonl (dsv4cp bench) and peer.jsonl (bench/peer.py) into
+report.txt (fixed-width tables and the issue's targets), report.json, and three plots:
+time_vs_length.png, scaling.png, bytes_per_rank.png."""
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+KINDS = {0: "SWA (r=0)", 4: "CSA (r=4)", 128: "HCA (r=128)"}
+TARGET_SGEMM, TARGET_PEER_SPEED, TARGET_PEER_MEM, TARGET_CP2, TARGET_HIDDEN = 0.75, 1.5, 3.0, 1.8, 0.80
+
+
+def load(path):
+    rows = []
+    if os.path.exists(path):
+        for line in open(path):
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+    return rows
+
+
+def find(rows, ratio, seq, ranks, split="contiguous"):
+    for r in rows:
+        if r["ratio"] == ratio and r["seq"] == seq and r["ranks"] == ranks and r["split"] == split:
+            return r
+    return None
+
+
+def peer_of(peers, ratio, seq):
+    for p in peers:
+        if p.get("ratio") == ratio and p.get("seq") == seq and "fwdbwd_median" in p:
+            return p
+    return None
+
+
+def main(out):
+    res, peers = load(os.path.join(out, "results.jsonl")), load(os.path.join(out, "peer.jsonl"))
+    seqs = sorted({r["seq"] for r in res})
+    lines = ["dsv4cp benchmark: V4-Flash layer, forward + backward, one thread per rank", ""]
+    hdr = (f"{'kind':<12} {'seq':>5} {'N':>2} {'split':<10} {'fwd s':>8} {'bwd s':>8} {'tok/s':>7} {'GFLOP/s':>8} "
+           f"{'%sgemm':>7} {'RSS MB':>7} {'act MB':>7} {'spread':>6} {'hidden':>7} {'plan':>4}")
+    lines += [hdr, "-" * len(hdr)]
+    for seq in seqs:
+        for ratio in KINDS:
+            for ranks, split in ((1, "contiguous"), (2, "contiguous"), (2, "zigzag")):
+                r = find(res, ratio, seq, ranks, split)
+                if not r:
+                    continue
+                hid = f"{100 * r['allgather_hidden_fraction']:.0f}%" if r["allgather_hidden_fraction"] >= 0 else "-"
+                plan = {True: "yes", False: "NO", None: "-"}[r.get("bytes_match_plan")]
+                lines.append(f"{KINDS[ratio]:<12} {seq:>5} {ranks:>2} {split:<10} {r['fwd_s']:>8.2f} {r['bwd_s']:>8.2f} "
+                             f"{r['tokens_per_s']:>7.0f} {r['gflops']:>8.1f} {100 * r['fraction_of_sgemm']:>6.1f}% "
+                             f"{r['peak_rss_mb']:>7.0f} {r['saved_activation_mb']:>7.0f} {r['busy_spread']:>6.2f} "
+                             f"{hid:>7} {plan:>4}")
+            p = peer_of(peers, ratio, seq)
+            if p:
+                lines.append(f"{KINDS[ratio]:<12} {seq:>5} {'':>2} {'PyTorch':<10} {p['fwd_median']:>8.2f} "
+                             f"{p['fwdbwd_median'] - p['fwd_median']:>8.2f} {seq / p['fwdbwd_median']:>7.0f} "
+                             f"{'':>8} {'':>7} {p['peak_rss_bytes'] / 2**20:>7.0f}")
+            elif any(q.get("ratio") == ratio and q.get("seq") == seq for q in peers):
+                err = [q for q in peers if q.get("ratio") == ratio and q.get("seq") == seq][0].get("error", "failed")
+                lines.append(f"{KINDS[ratio]:<12} {seq:>5} {'':>2} {'PyTorch':<10} {err[:60]}")
+    lines += ["", "sgemm reference: cblas_sgemm 2048^3 measured in each run with the same threads "
+              f"(median over runs: {median([r['sgemm_gflops_per_rank'] for r in res]):.1f} GFLOP/s per rank)", ""]
+    lines += targets(res, peers)
+    text = "\n".join(lines) + "\n"
+    open(os.path.join(out, "report.txt"), "w").write(text)
+    json.dump({"results": res, "peer": peers}, open(os.path.join(out, "report.json"), "w"), indent=1)
+    plots(res, peers, out)
+    print(text)
+
+
+def median(v):
+    v = sorted(x for x in v if x == x)
+    return v[len(v) // 2] if v else float("nan")
+
+
+def targets(res, peers):
+    """The issue's targets, each with the figure it was judged on."""
+    t = ["targets (issue 4):"]
+
+    def line(ok, what, detail):
+        t.append(f"  [{'met ' if ok else 'MISS'}] {what}: {detail}")
+
+    for ratio in KINDS:
+        r1 = find(res, ratio, 4096, 1)
+        if r1:
+            line(r1["fraction_of_sgemm"] >= TARGET_SGEMM, f"{KINDS[ratio]} S=4096 CP=1 >= 75% of sgemm",
+                 f"{100 * r1['fraction_of_sgemm']:.1f}% ({r1['gflops']:.1f} of {r1['sgemm_gflops_per_rank']:.1f} GFLOP/s)")
+    for ratio in KINDS:
+        for seq in sorted({r["seq"] for r in res}):
+            r1, p = find(res, ratio, seq, 1), peer_of(peers, ratio, seq)
+            if r1 and p:
+                ours = r1["fwd_s"] + r1["bwd_s"]
+                line(p["fwdbwd_median"] / ours >= TARGET_PEER_SPEED, f"{KINDS[ratio]} S={seq} vs PyTorch speed >= 1.5x",
+                     f"{p['fwdbwd_median'] / ours:.2f}x ({p['fwdbwd_median']:.1f} s vs {ours:.1f} s)")
+                mem = p["peak_rss_bytes"] / 2**20 / r1["peak_rss_mb"]
+                line(mem >= TARGET_PEER_MEM, f"{KINDS[ratio]} S={seq} vs PyTorch peak memory >= 3x less",
+                     f"{mem:.2f}x ({p['peak_rss_bytes'] / 2**20:.0f} MB vs {r1['peak_rss_mb']:.0f} MB)")
+    for ratio in KINDS:
+        for seq in sorted({r["seq"] for r in res}):
+            r1, r2 = find(res, ratio, seq, 1), find(res, ratio, seq, 2)
+            if r1 and r2:
+                sp = (r1["fwd_s"] + r1["bwd_s"]) / (r2["fwd_s"] + r2["bwd_s"])
+                line(sp >= TARGET_CP2, f"{KINDS[ratio]} S={seq} CP=2 >= 1.8x faster than CP=1", f"{sp:.2f}x")
+                act = r2["saved_activation_mb"] / r1["saved_activation_mb"]
+                line(act <= 0.55, f"{KINDS[ratio]} S={seq} activation memory per rank falls as 1/N",
+                     f"CP=2 / CP=1 = {act:.3f} ({r2['saved_activation_mb']:.0f} of {r1['saved_activation_mb']:.0f} MB)")
+                if r2["allgather_hidden_fraction"] >= 0:
+                    line(r2["allgather_hidden_fraction"] >= TARGET_HIDDEN, f"{KINDS[ratio]} S={seq} all-gather hidden >= 80%",
+                         f"{100 * r2['allgather_hidden_fraction']:.0f}% "
+                         f"(blocking all-gather {1e3 * r2['allgather_blocking_s']:.2f} ms)")
+                z = find(res, ratio, seq, 2, "zigzag")
+                if z:
+                    t.append(f"  [info] {KINDS[ratio]} S={seq} per-rank busy-time spread (max/min): contiguous "
+                             f"{r2['busy_spread']:.3f}, zigzag {z['busy_spread']:.3f}")
+    plans = [r.get("bytes_match_plan") for r in res if r["ranks"] > 1]
+    line(all(plans) and plans, "measured bytes per rank and message kind == dsv4cp plan",
+         f"{sum(1 for p in plans if p)} of {len(plans)} multi-rank runs match exactly")
+    return t
+
+
+def plots(res, peers, out):
+    seqs = sorted({r["seq"] for r in res})
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, ratio in zip(axes, KINDS):
+        for ranks, split, style in ((1, "contiguous", "o-"), (2, "contiguous", "s-"), (2, "zigzag", "^--")):
+            pts = [(s, find(res, ratio, s, ranks, split)) for s in seqs]
+            pts = [(s, r["fwd_s"] + r["bwd_s"]) for s, r in pts if r]
+            if pts:
+                ax.plot(*zip(*pts), style, label=f"dsv4cp CP={ranks} {split if ranks > 1 else ''}".strip())
+        pts = [(s, peer_of(peers, ratio, s)) for s in seqs]
+        pts = [(s, p["fwdbwd_median"]) for s, p in pts if p]
+        if pts:
+            ax.plot(*zip(*pts), "x:", label="PyTorch peer (1 thread)")
+        ax.set_title(f"{KINDS[ratio]}: forward + backward")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("seconds")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "time_vs_length.png"), dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    labels, cont, zig = [], [], []
+    for ratio in KINDS:
+        for s in seqs:
+            r1, r2, z = find(res, ratio, s, 1), find(res, ratio, s, 2), find(res, ratio, s, 2, "zigzag")
+            if r1 and r2:
+                labels.append(f"{KINDS[ratio].split()[0]} {s}")
+                t1 = r1["fwd_s"] + r1["bwd_s"]
+                cont.append(t1 / (r2["fwd_s"] + r2["bwd_s"]))
+                zig.append(t1 / (z["fwd_s"] + z["bwd_s"]) if z else 0)
+    x = range(len(labels))
+    ax.bar([i - 0.2 for i in x], cont, 0.4, label="CP=2 contiguous")
+    ax.bar([i + 0.2 for i in x], zig, 0.4, label="CP=2 zigzag")
+    ax.axhline(2.0, color="gray", lw=0.8, ls="--")
+    ax.axhline(TARGET_CP2, color="red", lw=0.8, ls=":", label="target 1.8x")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, rotation=30, fontsize=8)
+    ax.set_ylabel("speed-up over CP=1")
+    ax.set_title("scaling with N (2 cores, one thread per rank)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "scaling.png"), dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    s = 4096 if 4096 in seqs else (seqs[-1] if seqs else 0)
+    kinds = ["window_halo", "compressor_halo", "slot_allgather", "loss_reduce", "meta_check", "window_halo_bwd",
+             "compressor_halo_bwd", "slot_reduce_scatter"]
+    for i, ratio in enumerate(KINDS):
+        r2 = find(res, ratio, s, 2)
+        if not r2:
+            continue
+        vals = [max(pr["messages"][k]["bytes_sent"] for pr in r2["per_rank"]) / 1024 for k in kinds]
+        ax.bar([j + 0.27 * (i - 1) for j in range(len(kinds))], vals, 0.27, label=KINDS[ratio])
+    ax.set_xticks(range(len(kinds)))
+    ax.set_xticklabels(kinds, rotation=30, fontsize=8)
+    ax.set_ylabel("KiB sent per rank (max over ranks)")
+    ax.set_yscale("symlog")
+    ax.set_title(f"bytes per rank and message kind, S={s}, CP=2")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "bytes_per_rank.png"), dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench/out")

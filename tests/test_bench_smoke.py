@@ -1,0 +1,43 @@
+#!/usr/bin/env -S /usr/bin/python3
+"""test_bench_smoke.py: a few seconds of the benchmark machinery (not a timing test): dsv4cp bench
+with CP = 1 and CP = 2 on the tiny preset writes its JSON record, measured bytes equal the plan, and
+report.py turns the records into the report and plots; dsv4cp plan prints every message kind."""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import testlib as T
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--build", default="build")
+    a = p.parse_args()
+    out = os.path.join(T.golden_dir(a.build), "bench")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    res = os.path.join(out, "results.jsonl")
+    for n, layer in ((1, 1), (2, 1), (2, 2)):
+        rc, o, e = T.cli(a.build, ["bench", "--preset", "tiny", "--layer", str(layer), "--seq", "512", "--reps", "1",
+                                   "--threads", "1", "--json", res], nranks=n, timeout=120)
+        T.check(rc == 0, f"bench smoke N={n} layer {layer} runs", (e or o).strip()[-200:])
+    recs = [json.loads(l) for l in open(res)] if os.path.exists(res) else []
+    T.check(len(recs) == 3 and all(r["gflops"] > 0 and r["fwd_s"] > 0 for r in recs), "bench smoke: JSON records",
+            f"{len(recs)} records")
+    multi = [r for r in recs if r["ranks"] > 1]
+    T.check(multi and all(r["bytes_match_plan"] is True for r in multi), "bench smoke: measured bytes == plan",
+            str([r["bytes_match_plan"] for r in multi]))
+    rc, o, e = T.run([T.PYTHON, os.path.join(T.ROOT, "bench", "report.py"), out], timeout=120)
+    T.check(rc == 0 and os.path.exists(os.path.join(out, "report.txt")) and
+            all(os.path.exists(os.path.join(out, f)) for f in ("time_vs_length.png", "scaling.png", "bytes_per_rank.png")),
+            "bench smoke: report.py writes the report and plots", e.strip()[-200:])
+    rc, o, e = T.cli(a.build, ["plan", "--preset", "flash", "--seq", "4096", "--ranks", "4"])
+    T.check(rc == 0 and "slot_allgather" in o and "window_halo" in o and "compressor_halo" in o,
+            "plan prints every message kind of each layer kind", e.strip()[-200:])
+    return T.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
