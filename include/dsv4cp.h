@@ -196,7 +196,7 @@ typedef struct {
 
 /* Backward of sparse_attn_sharedkv. Same keys as the forward. */
 typedef struct {
-  float *dq;                /* [S1, H, D] out, overwritten */
+  float *dq;                /* [S1, H, D] out, overwritten; may alias dout */
   float *d_ori_kv;          /* [R, D] accumulated */
   float *d_cmp_kv;          /* [C, D] accumulated; may be NULL when cmp_kv is NULL */
   float *d_sink;            /* [H] accumulated */
@@ -310,7 +310,7 @@ typedef struct {
 } dsv4_core_fwd_args;
 
 typedef struct {
-  float *dq;                /* [n, H, D] overwritten */
+  float *dq;                /* [n, H, D] overwritten; may alias d_o (saves n H D floats) */
   float *dkv;               /* [n, D] overwritten */
   float *dx;                /* [n, d] accumulated (main compressor path; the indexer is detached) */
   dsv4_weights *grads;      /* accumulated: attn_sink, compressor.*, indexer.* (per-rank partial) */

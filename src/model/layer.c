@@ -11,6 +11,7 @@
 #include "util/gemm.h"
 
 
+
 struct dsv4_layer {
   dsv4_config cfg;
   int layer;
@@ -209,7 +210,11 @@ dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, c
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i++)
     for (int64_t h = 0; h < H; h++) dsv4_rope_apply(&l->core->rope, dop + (i * H + h) * D, (int)D, l->pos[i], 0);
-  DSV4_ALLOC(dq_, n * H * D + 1);
+  free(du); /* no longer needed: keep the backward's peak low */
+  du = NULL;
+  free(g);
+  g = NULL;
+  dq_ = dop; /* the core writes dq over d o, query by query (allowed: dq may alias d_o) */
   DSV4_ALLOC(dkv, n * D + 1);
   memset(dx, 0, sizeof(float) * (size_t)(n * d));
   dsv4_core_bwd_args cb = {.dq = dq_, .dkv = dkv, .dx = dx, .grads = grads, .d_o = dop, .d_loss = d_loss};
@@ -259,7 +264,6 @@ fail:
   free(g);
   free(du);
   free(dop);
-  free(dq_);
   free(dkv);
   free(dqr);
   return rc;
