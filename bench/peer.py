@@ -672,7 +672,7 @@ def parse_args(argv=None):
     for name in ("bench", "check"):
         s = sub.add_parser(name)
         s.add_argument("--config")
-        s.add_argument("--layer", type=int, default=0)
+        s.add_argument("--layer", type=int, default=None)
         s.add_argument("--weights")
         s.add_argument("--input")
         s.add_argument("--threads", type=int, default=None)
@@ -691,9 +691,11 @@ def parse_args(argv=None):
             s.add_argument("--expected", required=True)
     a = p.parse_args(argv)
     if a.mode == "check":
-        for key in ("config", "weights", "input"):
+        for key in ("config", "layer", "weights", "input"):
             if getattr(a, key) is None:
                 p.error(f"check needs --{key}")
+    if a.config and a.layer is None:
+        p.error("--config needs --layer")
     return a
 
 

@@ -171,6 +171,7 @@ void dsv4_core_free(dsv4_core *c) {
   if (!c) return;
   if (c->free_state) c->free_state(c->impl_state);
   dsv4_core_saved_free(&c->sv);
+  for (int i = 0; i < CS_COUNT; i++) dsv4_slot_free(&c->slot[i]);
   dsv4_tokmap_free(&c->tok);
   dsv4_rope_free(&c->rope);
   free(c);

@@ -17,10 +17,6 @@
 void dsv4_core_saved_free(dsv4_core_saved *sv) {
   dsv4_docs_free(&sv->docs);
   dsv4_layout_free(&sv->lay);
-  void *owned[] = {sv->kv_ext, sv->win_start, sv->win_len, sv->lse, sv->C, sv->Z, sv->slot_cur,
-                   sv->slot_prev, sv->slot_pos, sv->slot_blk, sv->cmp, sv->cmp_begin, sv->cmp_count,
-                   sv->CI, sv->ZI, sv->KI, sv->qI, sv->wI, sv->topk, sv->scores, sv->teacher};
-  for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
   memset(sv, 0, sizeof *sv);
 }
 
@@ -61,10 +57,10 @@ static dsv4_status build_slots(dsv4_core *c) {
   dsv4_core_saved *sv = &c->sv;
   const dsv4_layout *lay = &sv->lay;
   const int r = c->ratio, hr = CMP_HALO_ROWS(r);
-  DSV4_ALLOC(sv->slot_cur, lay->n_blk + 1);
-  DSV4_ALLOC(sv->slot_prev, lay->n_blk + 1);
-  DSV4_ALLOC(sv->slot_pos, lay->n_blk + 1);
-  DSV4_ALLOC(sv->slot_blk, lay->n_blk + 1);
+  DSV4_SLOT(sv->slot_cur, c->slot[CS_SLOT_CUR], lay->n_blk);
+  DSV4_SLOT(sv->slot_prev, c->slot[CS_SLOT_PREV], lay->n_blk);
+  DSV4_SLOT(sv->slot_pos, c->slot[CS_SLOT_POS], lay->n_blk);
+  DSV4_SLOT(sv->slot_blk, c->slot[CS_SLOT_BLK], lay->n_blk);
   int64_t n = 0;
   for (int s = 0; s < lay->n_seg; s++) {
     const dsv4_seg *sg = &lay->seg[s];
@@ -103,15 +99,15 @@ static dsv4_status stage1_start(dsv4_core *c, const dsv4_core_fwd_args *a, const
   const int r = c->ratio, dim = which ? c->cfg.index_head_dim : c->cfg.head_dim;
   const int cD = (r == 4 ? 2 : 1) * dim;
   const dsv4_weights *w = c->w;
-  DSV4_ALLOC(*Cp, lay->R_c * cD + 1);
-  DSV4_ALLOC(*Zp, lay->R_c * cD + 1);
+  DSV4_SLOT(*Cp, c->slot[which ? CS_CI : CS_C], lay->R_c * cD);
+  DSV4_SLOT(*Zp, c->slot[which ? CS_ZI : CS_Z], lay->R_c * cD);
   DSV4_TRY(proj_segments(c, lay, *Cp, cD, 1, a->x, c->cfg.dim, dsv4_w(w, which ? W_I_WKV : W_C_WKV),
                          cD, c->cfg.dim));
   DSV4_TRY(proj_segments(c, lay, *Zp, cD, 1, a->x, c->cfg.dim, dsv4_w(w, which ? W_I_WGATE : W_C_WGATE),
                          cD, c->cfg.dim));
   DSV4_TRY(x->cmp_halo(x->st, lay, *Cp, *Zp, cD, which));
-  DSV4_ALLOC(*blocks, lay->n_blk * dim + 1);
-  DSV4_ALLOC(*all, lay->n_blk_all * dim + 1);
+  DSV4_SLOTZ(*blocks, c->slot[which ? CS_T2 : CS_T0], lay->n_blk * dim); /* blocks in padding stay 0 */
+  DSV4_SLOT(*all, c->slot[which ? CS_T3 : CS_T1], lay->n_blk_all * dim);
   dsv4_compress_args ca = {
       .out = *blocks, .out_row = sv->slot_blk, .C = *Cp, .Z = *Zp,
       .ape = dsv4_w(w, which ? W_I_APE : W_C_APE), .norm_w = dsv4_w(w, which ? W_I_NORM : W_C_NORM),
@@ -131,7 +127,7 @@ static dsv4_status stage1_finish(dsv4_core *c, const dsv4_exchange *x, int which
   const int dim = which ? c->cfg.index_head_dim : c->cfg.head_dim;
   const int64_t n_cmp = c->sv.docs.n_cmp;
   DSV4_TRY(x->gather_wait(x->st, which));
-  DSV4_ALLOC(*out, n_cmp * dim + 1);
+  DSV4_SLOT(*out, c->slot[which ? CS_KI : CS_CMP], n_cmp * dim);
   for (int64_t id = 0; id < n_cmp; id++)
     memcpy(*out + id * dim, all + (int64_t)c->sv.lay.gather[id] * dim, sizeof(float) * dim);
 fail:
@@ -144,8 +140,8 @@ static dsv4_status indexer_queries(dsv4_core *c, const dsv4_core_fwd_args *a) {
   dsv4_core_saved *sv = &c->sv;
   const int Hi = c->cfg.index_n_heads, Di = c->cfg.index_head_dim;
   const int64_t n = a->n;
-  DSV4_ALLOC(sv->qI, n * Hi * Di + 1);
-  DSV4_ALLOC(sv->wI, n * Hi + 1);
+  DSV4_SLOT(sv->qI, c->slot[CS_QI], n * Hi * Di);
+  DSV4_SLOT(sv->wI, c->slot[CS_WI], n * Hi);
   DSV4_TRY(proj_segments(c, &sv->lay, sv->qI, (int64_t)Hi * Di, 0, a->qr, c->cfg.q_lora_rank,
                          dsv4_w(c->w, W_I_WQ_B), (int64_t)Hi * Di, c->cfg.q_lora_rank));
   DSV4_TRY(proj_segments(c, &sv->lay, sv->wI, Hi, 0, a->x, c->cfg.dim, dsv4_w(c->w, W_I_PROJ), Hi,
@@ -167,7 +163,7 @@ static dsv4_status kl_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const d
   dsv4_core_saved *sv = &c->sv;
   double *rows = NULL, sum = 0;
   int64_t n_valid = 0;
-  DSV4_ALLOC(rows, a->n + 1);
+  DSV4_SLOT(rows, c->slot[CS_T5], a->n);
   dsv4_kl_args ka = {.loss_sum = &sum, .n_valid = &n_valid, .loss_rows = rows, .q = a->q,
                      .cmp_kv = sv->cmp, .topk_ids = sv->topk, .q_idx = sv->qI, .k_idx = sv->KI,
                      .weights = sv->wI, .vis_begin = sv->cmp_begin, .vis_count = sv->cmp_count,
@@ -185,7 +181,6 @@ static dsv4_status kl_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const d
   sv->n_valid = n_valid;
   *loss = n_valid ? (float)(c->cfg.index_loss_coeff * dsv4_exactsum_value(total) / (double)n_valid) : 0.0f;
 fail:
-  free(rows);
   return rc;
 }
 
@@ -223,8 +218,8 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
     DSV4_TRY(build_slots(c));
     DSV4_TRY(stage1_start(c, a, x, 0, &sv->C, &sv->Z, &blk, &all));
     if (r == 4) DSV4_TRY(stage1_start(c, a, x, 1, &sv->CI, &sv->ZI, &blk_i, &all_i));
-    DSV4_ALLOC(sv->cmp_begin, n + 1);
-    DSV4_ALLOC(sv->cmp_count, n + 1);
+    DSV4_SLOT(sv->cmp_begin, c->slot[CS_CMP_BEGIN], n);
+    DSV4_SLOT(sv->cmp_count, c->slot[CS_CMP_COUNT], n);
     for (int64_t i = 0; i < n; i++) {
       sv->cmp_begin[i] = (int32_t)sv->docs.cu_cmp[c->tok.doc[i]];
       sv->cmp_count[i] = c->tok.real[i] ? (c->tok.pos[i] + 1) / r : 0;
@@ -232,12 +227,12 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
   }
 
   /* Stage 2: window halo, then the window phase while the all-gathers are in flight. */
-  DSV4_ALLOC(sv->win_start, n + 1);
-  DSV4_ALLOC(sv->win_len, n + 1);
+  DSV4_SLOT(sv->win_start, c->slot[CS_WIN_START], n);
+  DSV4_SLOT(sv->win_len, c->slot[CS_WIN_LEN], n);
   window_ranges(c, &sv->lay, sv->win_start, sv->win_len);
   const float *kv_ext = a->kv;
   if (sv->lay.ext_kv) {
-    DSV4_ALLOC(sv->kv_ext, sv->lay.R_kv * D + 1);
+    DSV4_SLOT(sv->kv_ext, c->slot[CS_KV_EXT], sv->lay.R_kv * D);
     for (int s = 0; s < sv->lay.n_seg; s++) {
       const dsv4_seg *sg = &sv->lay.seg[s];
       memcpy(sv->kv_ext + (sg->kv_row + sg->win_halo) * D, a->kv + sg->lo * D, sizeof(float) * sg->len * D);
@@ -245,7 +240,7 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
     DSV4_TRY(x->win_halo(x->st, &sv->lay, sv->kv_ext, D));
     kv_ext = sv->kv_ext;
   }
-  DSV4_ALLOC(sv->lse, n * H + 1);
+  DSV4_SLOT(sv->lse, c->slot[CS_LSE], n * H);
   dsv4_attn_args at = {.out = a->o, .lse = sv->lse, .q = a->q, .ori_kv = kv_ext,
                        .win_start = sv->win_start, .win_len = sv->win_len,
                        .sink = dsv4_w(c->w, W_SINK), .S1 = n, .R = sv->lay.R_kv, .H = H, .D = D,
@@ -254,7 +249,7 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
   dsv4_attn_places(places, sv->lay.R_kv - n);
   if (c->impl == DSV4_IMPL_FAST) {
     DSV4_TRY(dsv4_attn_layout_check(&at, x->nranks, places));
-    DSV4_ALLOC(ml, 2 * n * H + 1);
+    DSV4_SLOT(ml, c->slot[CS_T4], 2 * n * H);
     DSV4_TRY(dsv4_sparse_attn_window_progress(&at, ml, ml + n * H, x->progress, x->st));
   }
   /* more local work before waiting: the indexer's queries and weights */
@@ -269,8 +264,8 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
   if (r == 4) {
     DSV4_TRY(stage1_finish(c, x, 1, all_i, &sv->KI));
     const int k = c->cfg.index_topk;
-    DSV4_ALLOC(sv->topk, n * k + 1);
-    DSV4_ALLOC(sv->scores, n * k + 1);
+    DSV4_SLOT(sv->topk, c->slot[CS_TOPK], n * k);
+    DSV4_SLOT(sv->scores, c->slot[CS_SCORES], n * k);
     dsv4_indexer_args ia = {.topk_ids = sv->topk, .topk_scores = sv->scores, .q_idx = sv->qI, .k_idx = sv->KI, .weights = sv->wI,
                             .vis_begin = sv->cmp_begin, .vis_count = sv->cmp_count, .S1 = n,
                             .C = sv->docs.n_cmp, .Hi = c->cfg.index_n_heads,
@@ -283,7 +278,7 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
     at.n_cmp_ids = k;
     /* the KL teacher comes out of the attention's own compressed logits (sparse mode) */
     if (c->cfg.index_loss_mode == DSV4_KL_SPARSE) {
-      DSV4_ALLOC(sv->teacher, n * k + 1);
+      DSV4_SLOT(sv->teacher, c->slot[CS_TEACHER], n * k);
       at.teacher = sv->teacher;
     }
   }
@@ -299,11 +294,6 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
   sv->valid = a->train;
 fail:
   if (rc != DSV4_OK) x->drain(x->st);
-  free(blk);
-  free(all);
-  free(blk_i);
-  free(all_i);
-  free(ml);
   if (rc != DSV4_OK || !a || !a->train) dsv4_core_saved_free(sv);
   return rc;
 }

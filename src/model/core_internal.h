@@ -22,6 +22,7 @@
 #include "ops/kernels.h"
 #include "ops/rope.h"
 #include "util/exactsum.h"
+#include "util/slot.h"
 
 /* Rows in front of each segment in the compressor buffers: the previous window for r == 4. */
 #define CMP_HALO_ROWS(r) ((r) == 4 ? 4 : 0)
@@ -110,6 +111,13 @@ typedef struct {
   int64_t n_valid;                    /* KL valid tokens over all ranks */
 } dsv4_core_saved;
 
+/* Buffers kept across calls (util/slot.h): one per saved tensor, and T0..T8 for temporaries
+ * (forward: blocks, all-gathered blocks, indexer blocks and all-gathered, window-phase state, KL
+ * rows; backward: d kv_ext, d cmp, d all, d blocks, dC, dZ, d qI, d w, d KI). */
+enum { CS_WIN_START, CS_WIN_LEN, CS_LSE, CS_KV_EXT, CS_C, CS_Z, CS_SLOT_CUR, CS_SLOT_PREV, CS_SLOT_POS,
+       CS_SLOT_BLK, CS_CMP, CS_CMP_BEGIN, CS_CMP_COUNT, CS_CI, CS_ZI, CS_KI, CS_QI, CS_WI, CS_TOPK, CS_SCORES,
+       CS_TEACHER, CS_T0, CS_T1, CS_T2, CS_T3, CS_T4, CS_T5, CS_T6, CS_T7, CS_T8, CS_COUNT };
+
 struct dsv4_core {
   dsv4_config cfg;
   int layer, ratio;
@@ -121,8 +129,10 @@ struct dsv4_core {
   void (*free_state)(void *);
   dsv4_tokmap_buf tok;
   dsv4_core_saved sv;
+  dsv4_slot slot[CS_COUNT];
 };
 
+/* Forgets the saved state (buffers stay in the core's slots; docs and layout are freed). */
 void dsv4_core_saved_free(dsv4_core_saved *sv);
 /* Bytes a training forward keeps for the backward (layer and core), from shapes (memory.c). */
 size_t dsv4_saved_bytes_formula(const dsv4_config *c, int ratio, int64_t n, int64_t R_kv, int ext_kv,

@@ -10,7 +10,14 @@
 #include "util/err.h"
 #include "util/gemm.h"
 
+#include "util/slot.h"
 
+
+
+/* Buffers kept across calls (util/slot.h). Saved activations have their own slots; the temporaries
+ * share T0..T3 (og in the forward; g, du, dop, dkv, dqr in the backward, T1 reused once du is dead). */
+enum { LS_GLOB, LS_POS, LS_REAL, LS_A, LS_QR, LS_Q, LS_C, LS_KV, LS_SA, LS_SB, LS_SC, LS_O, LS_U,
+       LS_T0, LS_T1, LS_T2, LS_T3, LS_COUNT };
 
 struct dsv4_layer {
   dsv4_config cfg;
@@ -27,11 +34,11 @@ struct dsv4_layer {
   int32_t *pos;
   uint8_t *real;
   int64_t *glob;
+  dsv4_slot slot[LS_COUNT];
 };
 
+/* Forgets the saved activations (their buffers stay in the slots for the next call). */
 static void saved_free(dsv4_layer *l) {
-  void *p[] = {l->a, l->qr, l->q, l->c, l->kv, l->o, l->u, l->sa, l->sb, l->sc, l->pos, l->real, l->glob};
-  for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
   l->a = l->qr = l->q = l->c = l->kv = l->o = l->u = l->sa = l->sb = l->sc = NULL;
   l->pos = NULL;
   l->real = NULL;
@@ -58,7 +65,7 @@ fail:
 
 void dsv4_layer_free(dsv4_layer *l) {
   if (!l) return;
-  saved_free(l);
+  for (int i = 0; i < LS_COUNT; i++) dsv4_slot_free(&l->slot[i]);
   dsv4_core_free(l->core);
   free(l);
 }
@@ -104,9 +111,9 @@ dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, flo
   DSV4_TRY(dsv4_core_token_map(core, pk, n, &map));
   l->n = n;
   l->x = x;
-  DSV4_ALLOC(l->glob, n + 1);
-  DSV4_ALLOC(l->pos, n + 1);
-  DSV4_ALLOC(l->real, n + 1);
+  DSV4_SLOT(l->glob, l->slot[LS_GLOB], n);
+  DSV4_SLOT(l->pos, l->slot[LS_POS], n);
+  DSV4_SLOT(l->real, l->slot[LS_REAL], n);
   int64_t max_pos = 0;
   for (int64_t i = 0; i < n; i++) {
     l->glob[i] = map.global[i];
@@ -118,14 +125,14 @@ dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, flo
   const int64_t P = dsv4_panel_rows(pk->T);
 #define PROJ(Y, ldy, X, ldx, W, N, K) \
   DSV4_TRY(dsv4_proj_rows(Y, ldy, X, ldx, W, n, N, K, l->glob, P, l->impl))
-  DSV4_ALLOC(l->a, n * dq + 1);
-  DSV4_ALLOC(l->qr, n * dq + 1);
-  DSV4_ALLOC(l->q, n * H * D + 1);
-  DSV4_ALLOC(l->c, n * D + 1);
-  DSV4_ALLOC(l->kv, n * D + 1);
-  DSV4_ALLOC(l->sa, n + 1);
-  DSV4_ALLOC(l->sb, n * H + 1);
-  DSV4_ALLOC(l->sc, n + 1);
+  DSV4_SLOT(l->a, l->slot[LS_A], n * dq);
+  DSV4_SLOT(l->qr, l->slot[LS_QR], n * dq);
+  DSV4_SLOT(l->q, l->slot[LS_Q], n * H * D);
+  DSV4_SLOT(l->c, l->slot[LS_C], n * D);
+  DSV4_SLOT(l->kv, l->slot[LS_KV], n * D);
+  DSV4_SLOT(l->sa, l->slot[LS_SA], n);
+  DSV4_SLOT(l->sb, l->slot[LS_SB], n * H);
+  DSV4_SLOT(l->sc, l->slot[LS_SC], n);
   /* step 1: qr = RMSNorm_{q_norm}(wq_a x); q = RoPE(RMSNorm(wq_b qr)) per head */
   PROJ(l->a, dq, x, d, dsv4_w(w, W_WQ_A), dq, d);
 #pragma omp parallel for schedule(static)
@@ -145,15 +152,15 @@ dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, flo
     dsv4_rope_apply(&core->rope, l->kv + i * D, (int)D, l->pos[i], 0);
   }
   /* core: compressor, indexer, sparse attention, KL loss */
-  DSV4_ALLOC(l->o, n * H * D + 1);
+  DSV4_SLOT(l->o, l->slot[LS_O], n * H * D);
   dsv4_core_fwd_args ca = {.o = l->o, .topk_ids = topk_ids, .indexer_loss = indexer_loss, .q = l->q,
                            .kv = l->kv, .x = x, .qr = l->qr, .pk = pk, .n = n, .train = train};
   DSV4_TRY(dsv4_core_forward(core, &ca));
   /* step 8: inverse RoPE at the query position; step 9: grouped output projection */
   /* one group at a time through a [n, (H/G) D] buffer: the rotated output is never kept whole (the
    * backward rebuilds it from o) */
-  DSV4_ALLOC(l->u, n * G * Ro + 1);
-  DSV4_ALLOC(og, n * HGD + 1);
+  DSV4_SLOT(l->u, l->slot[LS_U], n * G * Ro);
+  DSV4_SLOT(og, l->slot[LS_T0], n * HGD);
   for (int64_t g = 0; g < G; g++) {
     rotated_group(l, og, g);
     PROJ(l->u + g * Ro, G * Ro, og, HGD, dsv4_w(w, W_WO_A) + g * Ro * HGD, Ro, HGD);
@@ -164,7 +171,6 @@ dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, flo
     if (!l->real[i]) memset(out + i * d, 0, sizeof(float) * (size_t)d);
   l->valid = train;
 fail:
-  free(og);
   if (rc != DSV4_OK || !train) saved_free(l);
   return rc;
 }
@@ -184,16 +190,16 @@ dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, c
   DSV4_CHECK(dsv4_weights_layer(grads) == l->layer, DSV4_ERR_ARG,
              "layer backward: gradient set is for layer %d, not %d", dsv4_weights_layer(grads), l->layer);
   /* padding rows have no output, so their dout is ignored */
-  DSV4_ALLOC(g, n * d + 1);
+  DSV4_SLOTZ(g, l->slot[LS_T0], n * d);
   for (int64_t i = 0; i < n; i++)
     if (l->real[i]) memcpy(g + i * d, dout + i * d, sizeof(float) * (size_t)d);
   /* out = wo_b u;  u_g = wo_a[g] op_g */
   K->gemm_tn(d, G * Ro, n, 1.0f, g, d, l->u, G * Ro, 1.0f, dsv4_w(grads, W_WO_B), G * Ro);
-  DSV4_ALLOC(du, n * G * Ro + 1);
+  DSV4_SLOT(du, l->slot[LS_T1], n * G * Ro);
   K->gemm_nn(n, G * Ro, d, 1.0f, g, d, dsv4_w(w, W_WO_B), G * Ro, 0.0f, du, G * Ro);
   /* dop holds the rotated output op group by group; each group's columns serve dW first and are
    * then overwritten by that group's d op */
-  DSV4_ALLOC(dop, n * H * D + 1);
+  DSV4_SLOT(dop, l->slot[LS_T2], n * H * D);
   for (int64_t gi = 0; gi < G; gi++) {
     float *x = dop + gi * HGD;
 #pragma omp parallel for schedule(static)
@@ -210,12 +216,8 @@ dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, c
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i++)
     for (int64_t h = 0; h < H; h++) dsv4_rope_apply(&l->core->rope, dop + (i * H + h) * D, (int)D, l->pos[i], 0);
-  free(du); /* no longer needed: keep the backward's peak low */
-  du = NULL;
-  free(g);
-  g = NULL;
   dq_ = dop; /* the core writes dq over d o, query by query (allowed: dq may alias d_o) */
-  DSV4_ALLOC(dkv, n * D + 1);
+  DSV4_SLOT(dkv, l->slot[LS_T3], n * D);
   memset(dx, 0, sizeof(float) * (size_t)(n * d));
   dsv4_core_bwd_args cb = {.dq = dq_, .dkv = dkv, .dx = dx, .grads = grads, .d_o = dop, .d_loss = d_loss};
   DSV4_TRY(dsv4_core_backward(l->core, &cb));
@@ -249,7 +251,7 @@ dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, c
     dsv4_rmsnorm_bwd_row(dkv + i * D, dkvn, dkv + i * D, l->c + i * D, dsv4_w(w, W_KV_NORM), l->sc[i], (int)D);
   /* b = wq_b qr;  qr = RMSNorm_{q_norm}(a);  a = wq_a x;  c = wkv x */
   K->gemm_tn(H * D, dq, n, 1.0f, dq_, H * D, l->qr, dq, 1.0f, dsv4_w(grads, W_WQ_B), dq);
-  DSV4_ALLOC(dqr, n * dq + 1);
+  DSV4_SLOT(dqr, l->slot[LS_T1], n * dq);
   K->gemm_nn(n, dq, H * D, 1.0f, dq_, H * D, dsv4_w(w, W_WQ_B), dq, 0.0f, dqr, dq);
   float *dqn = dsv4_w(grads, W_Q_NORM);
   for (int64_t i = 0; i < n; i++)
@@ -261,10 +263,5 @@ dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, c
   for (int64_t i = 0; i < n; i++)
     if (!l->real[i]) memset(dx + i * d, 0, sizeof(float) * (size_t)d);
 fail:
-  free(g);
-  free(du);
-  free(dop);
-  free(dkv);
-  free(dqr);
   return rc;
 }

@@ -11,15 +11,19 @@
 #include <stdint.h>
 #include <string.h>
 #include "dsv4cp.h"
+#include "util/reduce.h"
 
 /* exp(x) for x <= 0 (callers subtract a maximum first), relative error below 1e-7.
  * x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite split of ln2), exp(r) by its degree-7 Taylor
  * polynomial (truncation error r^8 / 8! < 6e-9), times 2^n built in the exponent bits.
+ * n = round(x log2 e) by adding and subtracting 1.5 * 2^23 (exact round-to-nearest for |t| < 2^22,
+ * and, unlike floorf, vectorised without -fno-trapping-math: this loop is the softmax's hot spot).
  * Inputs below -87 are clamped (the result, ~1.6e-38, is negligible next to the maximum's 1). */
 static inline float dsv4_exp_neg(float x) {
   const float LOG2E = 1.44269504088896341f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
+  const float ROUND = 12582912.0f; /* 1.5 * 2^23 */
   x = x < -87.0f ? -87.0f : x;
-  float n = floorf(x * LOG2E + 0.5f);
+  float n = (x * LOG2E + ROUND) - ROUND;
   float r = x - n * LN2_HI - n * LN2_LO;
   float p = 1.0f / 5040;
   p = p * r + 1.0f / 720;
@@ -33,6 +37,17 @@ static inline float dsv4_exp_neg(float x) {
   return p * sc.f;
 }
 
+/* x[j] = exp(x[j] - m), j < n: a separate function so the compiler sees one simple loop over a
+ * restrict pointer and vectorises it (inside the attention loops it did not). */
+static inline void dsv4_exp_shift(float *restrict x, int64_t n, float m) {
+  for (int64_t j = 0; j < n; j++) x[j] = dsv4_exp_neg(x[j] - m);
+}
+
+/* y[j] = exp(x[j] - m), j < n. */
+static inline void dsv4_exp_shift_to(float *restrict y, const float *restrict x, int64_t n, float m) {
+  for (int64_t j = 0; j < n; j++) y[j] = dsv4_exp_neg(x[j] - m);
+}
+
 /* The KL teacher of one query from its scaled compressed logits Z [H, n]: per-head softmax over the
  * n rows, summed over heads in order, L1-normalised (SPEC 3, "Indexer KL loss"). e: scratch [n].
  * One routine for the attention (which has the logits anyway) and the KL operator, so both give
@@ -41,15 +56,12 @@ static inline void dsv4_kl_teacher(const float *Z, int H, int n, float *t, float
   for (int j = 0; j < n; j++) t[j] = 0;
   for (int h = 0; h < H; h++) {
     const float *z = Z + (int64_t)h * n;
-    float m = -INFINITY, sum = 0;
-    for (int j = 0; j < n; j++) m = z[j] > m ? z[j] : m;
-    for (int j = 0; j < n; j++) e[j] = dsv4_exp_neg(z[j] - m);
-    for (int j = 0; j < n; j++) sum += e[j];
-    const float inv = 1.0f / sum;
+    const float m = dsv4_max(z, n);
+    dsv4_exp_shift_to(e, z, n, m);
+    const float inv = 1.0f / dsv4_sum(e, n);
     for (int j = 0; j < n; j++) t[j] += e[j] * inv;
   }
-  float tsum = 0;
-  for (int j = 0; j < n; j++) tsum += t[j];
+  const float tsum = dsv4_sum(t, n);
   for (int j = 0; j < n; j++) t[j] /= tsum;
 }
 

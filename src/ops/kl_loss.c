@@ -8,6 +8,7 @@
 #include "util/err.h"
 #include "util/gemm.h"
 #include "util/par.h"
+#include "util/reduce.h"
 
 /* Per-thread scratch. */
 typedef struct {
@@ -69,11 +70,10 @@ static double one_query(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s, 
     }
   }
   /* loss = sum_j t_j (log t_j - log s_j), log s = I - logsumexp(I) */
-  float m = -INFINITY;
-  double sum = 0, loss = 0;
-  for (int j = 0; j < n; j++) m = s->I[j] > m ? s->I[j] : m;
-  for (int j = 0; j < n; j++) sum += dsv4_exp_neg(s->I[j] - m);
-  const double lse = m + log(sum);
+  const float m = dsv4_max(s->I, n);
+  double loss = 0;
+  dsv4_exp_shift_to(s->dKi, s->I, n, m);
+  const double lse = m + log(dsv4_sum(s->dKi, n));
   for (int j = 0; j < n; j++)
     if (s->t[j] > 0) loss += s->t[j] * (log(s->t[j]) - (s->I[j] - lse));
   if (!a->d_q_idx && !a->d_weights && !d_k_idx) return loss;

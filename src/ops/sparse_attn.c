@@ -15,6 +15,7 @@
 #include "util/err.h"
 #include "util/gemm.h"
 #include "util/par.h"
+#include "util/reduce.h"
 
 /* Per-thread scratch of the forward. */
 typedef struct {
@@ -43,15 +44,9 @@ static const float *cmp_keys(const dsv4_attn_args *a, int64_t p, int32_t *rows, 
 static void softmax_rows(float *S, int H, int n, float *mx, float *l) {
   for (int h = 0; h < H; h++) {
     float *s = S + (int64_t)h * n;
-    float m = -INFINITY;
-    for (int j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
-    mx[h] = m;
-  }
-  for (int h = 0; h < H; h++) {
-    float *s = S + (int64_t)h * n, sum = 0;
-    for (int j = 0; j < n; j++) s[j] = dsv4_exp_neg(s[j] - mx[h]);
-    for (int j = 0; j < n; j++) sum += s[j];
-    l[h] = sum;
+    mx[h] = dsv4_max(s, n);
+    dsv4_exp_shift(s, n, mx[h]);
+    l[h] = dsv4_sum(s, n);
   }
 }
 
@@ -136,11 +131,7 @@ dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, c
       const float *Kc = cmp_keys(a, p, sc.rows, sc.Kc, &nc);
       if (nc > 0) {
         dsv4_gemm_nt(H, nc, D, a->scale, a->q + p * H * D, D, Kc, D, 0.0f, sc.S, nc);
-        for (int h = 0; h < H; h++) {
-          float m = -INFINITY;
-          for (int j = 0; j < nc; j++) m = sc.S[(int64_t)h * nc + j] > m ? sc.S[(int64_t)h * nc + j] : m;
-          mc[h] = m;
-        }
+        for (int h = 0; h < H; h++) mc[h] = dsv4_max(sc.S + (int64_t)h * nc, nc);
       }
       if (a->teacher && a->cmp_ids) write_teacher(a, p, sc.S, nc, mc + 2 * H, mc + 2 * H + ncmax + 1);
       for (int h = 0; h < H; h++) {
@@ -151,8 +142,8 @@ dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, c
         float sum = 0;
         if (nc > 0) {
           float *s = sc.S + (int64_t)h * nc;
-          for (int j = 0; j < nc; j++) s[j] = dsv4_exp_neg(s[j] - m);
-          for (int j = 0; j < nc; j++) sum += s[j];
+          dsv4_exp_shift(s, nc, m);
+          sum = dsv4_sum(s, nc);
         }
         lc[h] = aw * l_w[p * H + h] + sum + dsv4_exp_neg(a->sink[h] - m);
         for (int e = 0; e < D; e++) o[(int64_t)h * D + e] *= aw;
@@ -254,8 +245,7 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
         continue;
       }
       for (int h = 0; h < H; h++) {
-        float s = 0;
-        for (int e = 0; e < D; e++) s += dO[(int64_t)h * D + e] * O[(int64_t)h * D + e];
+        const float s = dsv4_dot(dO + (int64_t)h * D, O + (int64_t)h * D, D);
         delta[h] = s;
         d_sink[h] -= dsv4_exp_neg(a->sink[h] - lse[h]) * s;
       }
