@@ -10,6 +10,7 @@
 #include "util/err.h"
 #include "util/gemm.h"
 
+#include "util/reduce.h"
 #include "util/slot.h"
 
 
@@ -184,7 +185,6 @@ dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, c
   const dsv4_weights *w = l->w;
   const dsv4_kernels *K = dsv4_kernels_get(l->impl);
   float *g = NULL, *du = NULL, *dop = NULL, *dq_ = NULL, *dkv = NULL, *dqr = NULL;
-  int oom = 0;
   DSV4_CHECK(l->valid, DSV4_ERR_STATE, "layer backward called without a training forward (train = 1)");
   DSV4_CHECK(dx && grads && dout, DSV4_ERR_ARG, "layer backward: dx, grads and dout are required");
   DSV4_CHECK(dsv4_weights_layer(grads) == l->layer, DSV4_ERR_ARG,
@@ -221,31 +221,22 @@ dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, c
   memset(dx, 0, sizeof(float) * (size_t)(n * d));
   dsv4_core_bwd_args cb = {.dq = dq_, .dkv = dkv, .dx = dx, .grads = grads, .d_o = dop, .d_loss = d_loss};
   DSV4_TRY(dsv4_core_backward(l->core, &cb));
-  /* q = RoPE(RMSNorm(b)) per head, so b = RoPE^T(q) / s (b is not kept);
-   * kv = RoPE(RMSNorm_{kv_norm}(c)) */
-#pragma omp parallel
-  {
-    float *b = malloc(sizeof(float) * (size_t)D);
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-      for (int64_t h = 0; h < H && b; h++) {
-        float *dh = dq_ + (i * H + h) * D;
-        const float s = l->sb[i * H + h];
-        memcpy(b, l->q + (i * H + h) * D, sizeof(float) * (size_t)D);
-        dsv4_rope_apply(&l->core->rope, b, (int)D, l->pos[i], 1);
-        for (int64_t e = 0; e < D; e++) b[e] /= s;
-        dsv4_rope_apply(&l->core->rope, dh, (int)D, l->pos[i], 1);
-        dsv4_rmsnorm_bwd_row(dh, NULL, dh, b, NULL, s, (int)D);
-      }
-      dsv4_rope_apply(&l->core->rope, dkv + i * D, (int)D, l->pos[i], 1);
+  /* q = RoPE(s b) per head (RMSNorm without weight, s = 1/rms(b)); b is not kept. With y = s b and
+   * dy = RoPE^T(dq), RMSNorm's backward dv = s dy - s^3 b (dy . b) / D becomes, using
+   * b = RoPE^T(q) / s and that a rotation keeps dot products ((RoPE^T dq) . (RoPE^T q) = dq . q):
+   *   db = s RoPE^T(dq - (dq . q / D) q)   -- one dot, one update, one inverse rotation.
+   * kv = RoPE(RMSNorm_{kv_norm}(c)): d(normed kv) = RoPE^T(dkv). */
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    for (int64_t h = 0; h < H; h++) {
+      float *dh = dq_ + (i * H + h) * D;
+      const float *qh = l->q + (i * H + h) * D, s = l->sb[i * H + h];
+      const float c = (float)(dsv4_dot_d(dh, qh, D) / (double)D);
+      for (int64_t e = 0; e < D; e++) dh[e] = s * (dh[e] - c * qh[e]);
+      dsv4_rope_apply(&l->core->rope, dh, (int)D, l->pos[i], 1);
     }
-    if (!b) {
-#pragma omp atomic write
-      oom = 1;
-    }
-    free(b);
+    dsv4_rope_apply(&l->core->rope, dkv + i * D, (int)D, l->pos[i], 1);
   }
-  DSV4_CHECK(!oom, DSV4_ERR_NOMEM, "layer backward: out of memory for scratch");
   float *dkvn = dsv4_w(grads, W_KV_NORM);
   for (int64_t i = 0; i < n; i++) /* serial: accumulates into d kv_norm */
     dsv4_rmsnorm_bwd_row(dkv + i * D, dkvn, dkv + i * D, l->c + i * D, dsv4_w(w, W_KV_NORM), l->sc[i], (int)D);
