@@ -70,8 +70,11 @@ test-asan:
 	  EXTRA_LDFLAGS="-fsanitize=address,undefined" all
 	DSV4_SANITIZED=1 tests/run_all.sh build-asan
 
+# The demo runs with CP = 2 so that it also shows CP = N against CP = 1.
+DEMO_RANKS ?= 2
+MPIRUN     := mpirun --quiet --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 demo: deps all
-	$(BUILD)/dsv4cp demo
+	$(MPIRUN) -np $(DEMO_RANKS) $(BUILD)/dsv4cp demo
 
 bench: deps all
 	bench/run_bench.sh $(BUILD)

@@ -16,6 +16,11 @@ typedef struct {
   double gather_t0[2];          /* when it was started */
   float *sendbuf, *recvbuf;     /* halo packing buffers */
   size_t buf_cap;
+  /* the layout and plans of the last shape, reused while the shape repeats (training steps) */
+  uint64_t cache_key;
+  int cache_valid, cache_plans;
+  dsv4_layout cache;
+  int64_t cache_n_cmp;
 } cp_state;
 
 /* The exchange of a patched core (cp/exchange.c). */

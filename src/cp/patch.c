@@ -69,11 +69,23 @@ fail:
 
 /* ---- layout and plans of the current forward -------------------------------------------------- */
 
+/* Key of everything a layout depends on: the validated packing, the ratio, W, the local rows. */
+static uint64_t layout_key(const dsv4_docs *d, int64_t n_local, int W, dsv4_split split) {
+  const int64_t head[] = {d->T, d->n_docs, d->ratio, d->batched, n_local, W, (int64_t)split};
+  uint64_t h = fnv(1469598103934665603ull, head, sizeof head);
+  h = fnv(h, d->cu, sizeof(int64_t) * (size_t)(d->n_docs + 1));
+  return fnv(h, d->real, sizeof(int64_t) * (size_t)d->n_docs);
+}
+
 /* This rank's layout (every rank's is computed, for the plans); with_plans also builds the halo
- * plans that the exchange of the coming forward and backward uses. */
+ * plans that the exchange of the coming forward and backward uses. Both are cached per shape (the
+ * gather index and plans are the same every training step). */
 static dsv4_status build_layout(cp_state *st, const dsv4_docs *docs, int64_t n_local, int W,
                                 dsv4_layout *lay, int with_plans) {
   dsv4_status rc = DSV4_OK;
+  const uint64_t key = layout_key(docs, n_local, W, st->cfg.split);
+  if (st->cache_valid && st->cache_key == key && (st->cache_plans || !with_plans))
+    return dsv4_layout_copy(lay, &st->cache, st->cache_n_cmp);
   const int N = st->comm->size, me = st->comm->rank;
   dsv4_layout *lays = NULL;
   dsv4_packing pk = {.n_docs = docs->n_docs, .T = docs->T, .batched = docs->batched};
@@ -97,6 +109,13 @@ static dsv4_status build_layout(cp_state *st, const dsv4_docs *docs, int64_t n_l
   }
   *lay = lays[me];
   memset(&lays[me], 0, sizeof lays[me]);
+  dsv4_layout_free(&st->cache);
+  st->cache_valid = 0;
+  DSV4_TRY(dsv4_layout_copy(&st->cache, lay, docs->n_cmp));
+  st->cache_key = key;
+  st->cache_n_cmp = docs->n_cmp;
+  st->cache_plans = with_plans;
+  st->cache_valid = 1;
 fail:
   if (lays)
     for (int q = 0; q < N; q++) dsv4_layout_free(&lays[q]);
@@ -142,6 +161,7 @@ static void cp_state_free(void *p) {
   dsv4_comm_wait(st->comm, st->gather_req, 2);
   cp_plan_free(&st->win);
   cp_plan_free(&st->cmp);
+  dsv4_layout_free(&st->cache);
   free(st->sendbuf);
   free(st->recvbuf);
   free(st);

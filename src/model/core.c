@@ -14,6 +14,23 @@ void dsv4_layout_free(dsv4_layout *lay) {
   memset(lay, 0, sizeof *lay);
 }
 
+dsv4_status dsv4_layout_copy(dsv4_layout *dst, const dsv4_layout *src, int64_t n_cmp) {
+  dsv4_status rc = DSV4_OK;
+  *dst = *src;
+  dst->seg = NULL;
+  dst->gather = NULL;
+  DSV4_ALLOC(dst->seg, src->n_seg);
+  memcpy(dst->seg, src->seg, sizeof(dsv4_seg) * (size_t)src->n_seg);
+  if (src->gather) {
+    DSV4_ALLOC(dst->gather, n_cmp + 1);
+    memcpy(dst->gather, src->gather, sizeof(int32_t) * (size_t)n_cmp);
+  }
+  return DSV4_OK;
+fail:
+  dsv4_layout_free(dst);
+  return rc;
+}
+
 /* ---- one-rank exchange -------------------------------------------------------------------- */
 
 /* One segment covering the whole stream; blocks are the global blocks, so the gather index is

@@ -52,6 +52,8 @@ typedef struct {
 } dsv4_layout;
 
 void dsv4_layout_free(dsv4_layout *lay);
+/* dst = a deep copy of src (n_cmp entries of the gather index). */
+dsv4_status dsv4_layout_copy(dsv4_layout *dst, const dsv4_layout *src, int64_t n_cmp);
 
 /* Everything that crosses ranks. Every rank calls every function in the same order, even when its
  * share is empty, so collectives always match. `which` is 0 for the main compressor, 1 for the
