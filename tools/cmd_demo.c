@@ -115,9 +115,11 @@ int cmd_demo(cli_ctx *c, int argc, char **argv) {
     if (cli_sync(c)) return 1;
     job_execute(c, &j, 1, JOB_FAST, &r, NULL);
     if (cli_sync(c)) return 1;
-    cli_say(c, "  layer %s %-14s forward %8.1f ms  backward %8.1f ms  %8.0f tokens/s (forward + backward)\n",
+    dsv4_flops f = {0};
+    dsv4_layer_flops(&j.cfg, j.layer, &j.pk, &f);
+    cli_say(c, "  layer %s %-14s forward %8.1f ms  backward %8.1f ms  %6.0f tokens/s  %6.1f GFLOP/s (fwd + bwd)\n",
             KINDS[k].layer, KINDS[k].kind, 1e3 * r.fwd_seconds, 1e3 * r.bwd_seconds,
-            (double)j.T / (r.fwd_seconds + r.bwd_seconds));
+            (double)j.T / (r.fwd_seconds + r.bwd_seconds), (f.fwd + f.bwd) / (r.fwd_seconds + r.bwd_seconds) / 1e9);
     if (c->rank == 0) {
       all_ok &= self_check(c, o, check_seq);
       if (c->size > 1) all_ok &= cp_check(c, &o, &r);
