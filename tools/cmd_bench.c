@@ -221,9 +221,7 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   size_t saved = 0;
   if (!cli_sync(c)) {
     double gemm = sgemm_rate(c);
-    if (!cli_lib(c, dsv4_layer_create(&l, &j.cfg, j.layer, j.w)) && c->size > 1 &&
-        !cli_lib(c, dsv4_comm_create_mpi(&comm, c->comm)))
-      cli_lib(c, dsv4_cp_patch(dsv4_layer_core(l), comm, &j.cp));
+    job_make_layer(c, &j, 1, &l, &comm);
     if (!cli_sync(c) && measure(c, &j, l, (int)reps, &tm, &st, &saved) && !cli_sync(c)) {
       const double gemm_after = sgemm_rate(c); /* the machine's rate before and after: the better */
       if (gemm_after > gemm) gemm = gemm_after;

@@ -14,12 +14,8 @@
 
 /* One row of the report; returns 1 when within tolerance. */
 static int report(const char *name, const float *a, const float *b, int64_t n, double tol, int *all_bitwise) {
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double d = fabs((double)a[i] - b[i]);
-    if (!(d <= diff)) diff = d;
-    ref = fabs(b[i]) > ref ? fabs(b[i]) : ref;
-  }
+  double diff, ref;
+  job_diff(a, b, n, &diff, &ref);
   const int bitwise = memcmp(a, b, sizeof(float) * (size_t)n) == 0;
   const int ok = diff <= tol * (ref > 1 ? ref : 1);
   if (all_bitwise) *all_bitwise &= bitwise;

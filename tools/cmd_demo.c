@@ -22,12 +22,8 @@ static const struct {
 
 /* max |a - b| / max(1, max |b|) */
 static double rel_diff(const float *a, const float *b, int64_t n) {
-  double d = 0, m = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double e = fabs((double)a[i] - b[i]);
-    if (!(e <= d)) d = e;
-    m = fabs(b[i]) > m ? fabs(b[i]) : m;
-  }
+  double d, m;
+  job_diff(a, b, n, &d, &m);
   return d / (m > 1 ? m : 1);
 }
 

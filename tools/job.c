@@ -325,6 +325,26 @@ void job_result_free(job_result *r) {
   memset(r, 0, sizeof *r);
 }
 
+int job_make_layer(cli_ctx *c, job *j, int cp, dsv4_layer **l, dsv4_comm **comm) {
+  *l = NULL;
+  *comm = NULL;
+  if (cli_lib(c, dsv4_layer_create(l, &j->cfg, j->layer, j->w))) return 1;
+  if (!cp || c->size == 1) return 0;
+  if (cli_lib(c, dsv4_comm_create_mpi(comm, c->comm))) return 1;
+  return cli_lib(c, dsv4_cp_patch(dsv4_layer_core(*l), *comm, &j->cp));
+}
+
+void job_diff(const float *a, const float *b, int64_t n, double *max_diff, double *max_ref) {
+  double d = 0, m = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const double e = fabs((double)a[i] - b[i]);
+    if (!(e <= d)) d = e; /* NaN propagates */
+    m = fabs(b[i]) > m ? fabs(b[i]) : m;
+  }
+  *max_diff = d;
+  *max_ref = m;
+}
+
 void job_execute(cli_ctx *c, job *j, int cp, job_path path, job_result *r, dsv4_cp_stats *stats) {
   dsv4_layer *l = NULL;
   dsv4_comm *comm = NULL;
@@ -334,13 +354,9 @@ void job_execute(cli_ctx *c, job *j, int cp, job_path path, job_result *r, dsv4_
   const int64_t d = j->cfg.dim, k = j->cfg.index_topk, n = j->n;
   const int full = c->rank == 0, use_cp = cp && c->size > 1;
   memset(r, 0, sizeof *r);
-  if (cli_lib(c, dsv4_layer_create(&l, &j->cfg, j->layer, j->w))) goto done;
+  if (job_make_layer(c, j, cp, &l, &comm)) goto done;
   dsv4_layer_set_impl(l, path == JOB_NAIVE ? DSV4_IMPL_NAIVE : DSV4_IMPL_FAST);
   if (path == JOB_NAIVE_OPS) dsv4_core_set_impl(dsv4_layer_core(l), DSV4_IMPL_NAIVE);
-  if (use_cp) {
-    if (cli_lib(c, dsv4_comm_create_mpi(&comm, c->comm))) goto done;
-    if (cli_lib(c, dsv4_cp_patch(dsv4_layer_core(l), comm, &j->cp))) goto done;
-  }
   out = malloc(sizeof(float) * (size_t)(n * d + 1));
   topk = j->ratio == 4 ? malloc(sizeof(int32_t) * (size_t)(n * k + 1)) : NULL;
   if (!out || (j->ratio == 4 && !topk)) {

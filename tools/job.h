@@ -57,6 +57,13 @@ typedef enum { JOB_FAST = 0, JOB_NAIVE, JOB_NAIVE_OPS /* naive operators, BLAS p
 void job_execute(cli_ctx *c, job *j, int cp, job_path path, job_result *r, dsv4_cp_stats *stats);
 void job_result_free(job_result *r);
 
+/* A layer over the job's weights, patched for CP over all ranks when cp is 1 and there are several
+ * (*comm then holds the communicator; free both). Records errors in c; returns 0 on success. */
+int job_make_layer(cli_ctx *c, job *j, int cp, dsv4_layer **l, dsv4_comm **comm);
+
+/* max |a - b| and max |b| over n values. */
+void job_diff(const float *a, const float *b, int64_t n, double *max_diff, double *max_ref);
+
 /* Writes out.safetensors on rank 0 with the names of SPEC 7. */
 void job_write(cli_ctx *c, const job *j, const job_result *r, const char *path);
 /* Rank 0: the output file can be created (so a long run does not fail at the very end). */

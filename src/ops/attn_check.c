@@ -38,6 +38,20 @@ fail:
   return rc;
 }
 
+dsv4_status dsv4_attn_bwd_check(const dsv4_attn_bwd_args *b) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_CHECK(b, DSV4_ERR_ARG, "sparse_attn backward: NULL arguments");
+  dsv4_attn_args chk = b->fwd; /* the forward's checks, with the forward's outputs as given here */
+  chk.out = (float *)b->out;
+  chk.lse = (float *)b->lse;
+  DSV4_TRY(dsv4_attn_check(&chk));
+  DSV4_CHECK(b->dq && b->d_ori_kv && b->d_sink && b->dout, DSV4_ERR_ARG,
+             "sparse_attn backward: a required pointer is NULL");
+  DSV4_CHECK(!b->fwd.cmp_kv || b->d_cmp_kv, DSV4_ERR_ARG, "sparse_attn backward: d_cmp_kv is NULL");
+fail:
+  return rc;
+}
+
 /* Visible ranges [vis_begin, vis_begin + vis_count) must lie in [0, C). */
 static dsv4_status check_vis(const char *op, const int32_t *vb, const int32_t *vc, int64_t S1, int64_t C) {
   dsv4_status rc = DSV4_OK;

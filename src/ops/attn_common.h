@@ -80,6 +80,18 @@ static inline int dsv4_attn_cmp_rows(const dsv4_attn_args *a, int64_t p, int32_t
   return a->cmp_count[p];
 }
 
+/* Rows of query p's KL set J_p: its selected ids (sparse) or visible range (dense); returns |J_p|. */
+static inline int dsv4_kl_rows(const dsv4_kl_args *a, int64_t p, int32_t *rows) {
+  int n = 0;
+  if (a->dense) {
+    for (int j = 0; j < a->vis_count[p]; j++) rows[n++] = a->vis_begin[p] + j;
+  } else {
+    for (int j = 0; j < a->topk; j++)
+      if (a->topk_ids[p * a->topk + j] >= 0) rows[n++] = a->topk_ids[p * a->topk + j];
+  }
+  return n;
+}
+
 /* Largest number of compressed keys any query can have (scratch sizing). */
 static inline int64_t dsv4_attn_max_cmp(const dsv4_attn_args *a) {
   if (!a->cmp_kv) return 0;
@@ -92,6 +104,7 @@ static inline int64_t dsv4_attn_max_cmp(const dsv4_attn_args *a) {
 
 /* Validates shapes, window ranges and compressed rows; errors name the argument. */
 dsv4_status dsv4_attn_check(const dsv4_attn_args *a);
+dsv4_status dsv4_attn_bwd_check(const dsv4_attn_bwd_args *b);
 dsv4_status dsv4_indexer_check(const dsv4_indexer_args *a);
 dsv4_status dsv4_kl_check(const dsv4_kl_args *a);
 

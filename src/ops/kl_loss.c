@@ -16,18 +16,7 @@ typedef struct {
   float *Kc, *Ki, *Z, *SI, *t, *I, *dKi;
 } kl_scratch;
 
-static int loss_rows_of(const dsv4_kl_args *a, int64_t p, int32_t *rows) {
-  int n = 0;
-  if (a->dense) {
-    for (int j = 0; j < a->vis_count[p]; j++) rows[n++] = a->vis_begin[p] + j;
-  } else {
-    for (int j = 0; j < a->topk; j++)
-      if (a->topk_ids[p * a->topk + j] >= 0) rows[n++] = a->topk_ids[p * a->topk + j];
-  }
-  return n;
-}
-
-/* Values of a [S1, topk] input at query p's valid (non -1) columns, in order (as loss_rows_of). */
+/* Values of a [S1, topk] input at query p's valid (non -1) columns, in order (as dsv4_kl_rows). */
 static void compact_row(const dsv4_kl_args *a, const float *v, int64_t p, float *out) {
   int n = 0;
   for (int j = 0; j < a->topk; j++)
@@ -135,7 +124,7 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
     for (int64_t p = 0; p < a->S1; p++) {
       terms[p] = 0;
       if (failed) continue;
-      const int n = loss_rows_of(a, p, s.rows);
+      const int n = dsv4_kl_rows(a, p, s.rows);
       if (n == 0) {
         if (a->d_q_idx) memset(a->d_q_idx + p * Hi * Di, 0, sizeof(float) * Hi * Di);
         if (a->d_weights) memset(a->d_weights + p * Hi, 0, sizeof(float) * Hi);

@@ -3,18 +3,6 @@
 #include "attn_common.h"
 #include "util/err.h"
 
-/* Rows of J_p (selected ids, or the visible range in dense mode); returns |J_p|. */
-static int loss_set(const dsv4_kl_args *a, int64_t p, int32_t *rows) {
-  int n = 0;
-  if (a->dense) {
-    for (int j = 0; j < a->vis_count[p]; j++) rows[n++] = a->vis_begin[p] + j;
-  } else {
-    for (int j = 0; j < a->topk; j++)
-      if (a->topk_ids[p * a->topk + j] >= 0) rows[n++] = a->topk_ids[p * a->topk + j];
-  }
-  return n;
-}
-
 static double dotf(const float *x, const float *y, int n) {
   double s = 0;
   for (int i = 0; i < n; i++) s += (double)x[i] * y[i];
@@ -35,7 +23,7 @@ dsv4_status dsv4_indexer_kl_loss_ref(const dsv4_kl_args *a) {
   double total = 0;
   int64_t valid = 0;
   for (int64_t p = 0; p < a->S1; p++) {
-    const int n = loss_set(a, p, rows);
+    const int n = dsv4_kl_rows(a, p, rows);
     if (a->d_q_idx) memset(a->d_q_idx + p * Hi * Di, 0, sizeof(float) * Hi * Di);
     if (a->d_weights) memset(a->d_weights + p * Hi, 0, sizeof(float) * Hi);
     if (a->loss_rows) a->loss_rows[p] = 0;

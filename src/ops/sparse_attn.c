@@ -205,13 +205,7 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
   dsv4_status rc = DSV4_OK;
   const dsv4_attn_args *a = &b->fwd;
   float *priv = NULL;
-  dsv4_attn_args chk = *a;
-  chk.out = (float *)b->out;
-  chk.lse = (float *)b->lse;
-  DSV4_TRY(dsv4_attn_check(&chk));
-  DSV4_CHECK(b->dq && b->d_ori_kv && b->d_sink && b->dout && b->out && b->lse, DSV4_ERR_ARG,
-             "sparse_attn backward: a required pointer is NULL");
-  DSV4_CHECK(!a->cmp_kv || b->d_cmp_kv, DSV4_ERR_ARG, "sparse_attn backward: d_cmp_kv is NULL");
+  DSV4_TRY(dsv4_attn_bwd_check(b));
   const int H = a->H, D = a->D;
   const int64_t ncmax = dsv4_attn_max_cmp(a), nmax = (max_win(a) > ncmax ? max_win(a) : ncmax) + 1;
   const int64_t C = a->cmp_kv ? a->C : 0;

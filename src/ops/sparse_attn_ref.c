@@ -107,13 +107,7 @@ dsv4_status dsv4_sparse_attn_bwd_ref(const dsv4_attn_bwd_args *b) {
   const float **keys = NULL;
   float **grads = NULL;
   double *dq = NULL;
-  dsv4_attn_args chk = *a;
-  chk.out = (float *)b->out;
-  chk.lse = (float *)b->lse;
-  DSV4_TRY(dsv4_attn_check(&chk));
-  DSV4_CHECK(b->dq && b->d_ori_kv && b->d_sink && b->dout && b->out && b->lse, DSV4_ERR_ARG,
-             "sparse_attn backward: a required pointer is NULL");
-  DSV4_CHECK(!a->cmp_kv || b->d_cmp_kv, DSV4_ERR_ARG, "sparse_attn backward: d_cmp_kv is NULL");
+  DSV4_TRY(dsv4_attn_bwd_check(b));
   const int64_t maxk = a->R + dsv4_attn_max_cmp(a) + 1;
   const int H = a->H, D = a->D;
   DSV4_ALLOC(rows, maxk);
