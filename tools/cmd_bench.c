@@ -34,13 +34,13 @@ static double median(double *v, int n) {
 /* GFLOP/s of cblas_sgemm (SGEMM_N cubed, NT like the projections) with this rank's threads, every
  * rank at once: the best of SGEMM_REPS calls after a warm-up. The best, not the median: it is the
  * machine's rate, and a noisy neighbour must not make our fraction look larger than it is. */
-static double sgemm_rate(cli_ctx *c) {
+static double sgemm_rate(cli_ctx *c, int reps) {
   const size_t n = SGEMM_N;
   float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n), *o = malloc(sizeof(float) * n * n);
   double best = 0;
   if (!a || !b || !o) return NAN;
   for (size_t i = 0; i < n * n; i++) a[i] = b[i] = o[i] = (float)(i % 7) * 0.1f;
-  for (int r = 0; r <= SGEMM_REPS; r++) {
+  for (int r = 0; r <= reps; r++) {
     MPI_Barrier(c->comm);
     double t0 = MPI_Wtime();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n, (int)n, 1.0f, a, (int)n, b, (int)n, 0.0f, o,
@@ -69,6 +69,9 @@ static double blocking_allgather(cli_ctx *c, size_t bytes) {
 
 typedef struct {
   double fwd, bwd, busy;       /* medians, seconds (busy: this rank's time outside message waits) */
+  double fraction;             /* median over runs of (GFLOP/s) / (sgemm GFLOP/s of all ranks), the
+                                  sgemm measured just before each run: robust to a machine whose
+                                  speed drifts (shared hosts do) */
 } timing;
 
 /* Runs reps forward + backward calls; returns rank-local medians. */
@@ -78,14 +81,18 @@ static int measure(cli_ctx *c, job *j, dsv4_layer *l, int reps, timing *tm, dsv4
   int32_t *topk = malloc(sizeof(int32_t) * (size_t)(n * k + 1));
   dsv4_weights *g = NULL;
   double *tf = calloc((size_t)reps, sizeof(double)), *tb = calloc((size_t)reps, sizeof(double));
-  double *busy = calloc((size_t)reps, sizeof(double));
-  int ok = out && dx && topk && tf && tb && busy && !cli_lib(c, dsv4_weights_create(&g, &j->cfg, j->layer));
+  double *busy = calloc((size_t)reps, sizeof(double)), *frac = calloc((size_t)reps, sizeof(double));
+  int ok = out && dx && topk && tf && tb && busy && frac && !cli_lib(c, dsv4_weights_create(&g, &j->cfg, j->layer));
+  dsv4_flops f = {0};
+  dsv4_layer_flops(&j->cfg, j->layer, &j->pk, &f);
   const int cp = c->size > 1;
   float loss;
   for (int r = -1; ok && r < reps; r++) { /* r = -1: warm-up */
     if (r == 0 && cp) dsv4_cp_stats_reset(dsv4_layer_core(l));
     dsv4_cp_stats before = {0}, after = {0};
     if (cp) dsv4_cp_get_stats(dsv4_layer_core(l), &before);
+    double gemm = r >= 0 ? sgemm_rate(c, 2) : 0; /* this moment's rate, all ranks together */
+    MPI_Allreduce(MPI_IN_PLACE, &gemm, 1, MPI_DOUBLE, MPI_SUM, c->comm);
     MPI_Barrier(c->comm);
     const double t0 = MPI_Wtime();
     ok = !cli_lib(c, dsv4_layer_forward(l, out, topk, &loss, j->x, n, &j->pk, 1));
@@ -100,14 +107,18 @@ static int measure(cli_ctx *c, job *j, dsv4_layer *l, int reps, timing *tm, dsv4
     tf[r] = t1 - t0;
     tb[r] = t2 - t1;
     busy[r] = t2 - t0 - wait;
+    double wall = t2 - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &wall, 1, MPI_DOUBLE, MPI_MAX, c->comm);
+    frac[r] = (f.fwd + f.bwd) / wall / 1e9 / gemm;
   }
   if (ok) {
     tm->fwd = median(tf, reps);
     tm->bwd = median(tb, reps);
     tm->busy = median(busy, reps);
+    tm->fraction = median(frac, reps);
     if (cp) dsv4_cp_get_stats(dsv4_layer_core(l), st);
   }
-  free(out), free(dx), free(topk), free(tf), free(tb), free(busy);
+  free(out), free(dx), free(topk), free(tf), free(tb), free(busy), free(frac);
   dsv4_weights_free(g);
   return ok;
 }
@@ -155,7 +166,7 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
   if (!isnan(hidden)) snprintf(hid, sizeof hid, "%.1f%%", 100 * hidden);
   printf("%5d %6lld %3d %-10s %9.1f %9.1f %8.0f %8.1f %6.1f%% %8.0f %8.0f %6.3f %7s %5s\n", j->ratio,
          (long long)j->T, c->size, split, 1e3 * fwd, 1e3 * bwd, (double)j->T / (fwd + bwd), gflops,
-         100.0 * gflops / gemm, rss, sv, spread, hid, c->size == 1 ? "-" : planned ? "yes" : "NO");
+         100.0 * tm->fraction, rss, sv, spread, hid, c->size == 1 ? "-" : planned ? "yes" : "NO");
   fflush(stdout);
   FILE *fj = json ? fopen(json, "a") : NULL;
   if (!fj) {
@@ -169,7 +180,7 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
               "\"allgather_blocking_s\": %.6f, \"allgather_hidden_fraction\": %.4f, \"bytes_match_plan\": %s, "
               "\"per_rank\": [",
           j->ratio, (long long)j->T, c->size, split, omp_get_max_threads(), reps, fwd, bwd, (double)j->T / (fwd + bwd),
-          f.fwd / 1e9, f.bwd / 1e9, gflops, gemm / c->size, gflops / gemm, rss, sv, isnan(spread) ? 0 : spread,
+          f.fwd / 1e9, f.bwd / 1e9, gflops, gemm / c->size, tm->fraction, rss, sv, isnan(spread) ? 0 : spread,
           blocking, isnan(hidden) ? -1.0 : hidden, c->size == 1 ? "null" : planned ? "true" : "false");
   for (int r = 0; r < c->size; r++) {
     fprintf(fj, "%s{\"rank\": %d, \"fwd_s\": %.6f, \"bwd_s\": %.6f, \"busy_s\": %.6f, \"peak_rss_mb\": %.1f, "
@@ -220,10 +231,10 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   dsv4_cp_stats st = {0};
   size_t saved = 0;
   if (!cli_sync(c)) {
-    double gemm = sgemm_rate(c);
+    double gemm = sgemm_rate(c, SGEMM_REPS);
     job_make_layer(c, &j, 1, &l, &comm);
     if (!cli_sync(c) && measure(c, &j, l, (int)reps, &tm, &st, &saved) && !cli_sync(c)) {
-      const double gemm_after = sgemm_rate(c); /* the machine's rate before and after: the better */
+      const double gemm_after = sgemm_rate(c, SGEMM_REPS); /* before and after: the better */
       if (gemm_after > gemm) gemm = gemm_after;
       const int64_t blk = j.ratio > 0 ? j.n / j.ratio : 0;
       double blocking = blocking_allgather(c, sizeof(float) * (size_t)(blk * j.cfg.head_dim));
