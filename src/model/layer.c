@@ -9,11 +9,8 @@
 #include "ops/rmsnorm.h"
 #include "util/err.h"
 #include "util/gemm.h"
-
 #include "util/reduce.h"
 #include "util/slot.h"
-
-
 
 /* Buffers kept across calls (util/slot.h). Saved activations have their own slots; the temporaries
  * share T0..T3 (og in the forward; g, du, dop, dkv, dqr in the backward, T1 reused once du is dead). */
