@@ -83,9 +83,9 @@ install: all
 	install -d $(PREFIX)/include $(PREFIX)/lib/pkgconfig $(PREFIX)/bin
 	install -m 644 include/dsv4cp.h include/dsv4cp_mpi.h $(PREFIX)/include/
 	install -m 644 $(BUILD)/libdsv4cp.a $(PREFIX)/lib/
-	install -m 755 $(BUILD)/libdsv4cp.so $(BUILD)/dsv4cp $(PREFIX)/lib/
-	mv $(PREFIX)/lib/dsv4cp $(PREFIX)/bin/dsv4cp
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@BLAS_LIB@|$(BLAS_LIB)|' dsv4cp.pc.in > $(PREFIX)/lib/pkgconfig/dsv4cp.pc
+	install -m 755 $(BUILD)/libdsv4cp.so $(PREFIX)/lib/
+	install -m 755 $(BUILD)/dsv4cp $(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@BLAS_LIB@|$(BLAS_LIB)|' -e 's|@MPI_LIB@|$(MPI_LIB)|' dsv4cp.pc.in > $(PREFIX)/lib/pkgconfig/dsv4cp.pc
 
 clean:
 	rm -rf build build-asan

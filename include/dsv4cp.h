@@ -306,7 +306,7 @@ typedef struct {
   const float *qr;          /* [n, dq] normed query latent (indexer queries) */
   const dsv4_packing *pk;   /* global packing meta */
   int64_t n;                /* local rows */
-  int train;                /* 1: keep what backward needs (q, kv, x, qr must stay valid until then) */
+  int train;                /* 1: keep what backward needs (q, kv, x, qr, o must stay valid until then) */
 } dsv4_core_fwd_args;
 
 typedef struct {

@@ -32,8 +32,9 @@ static double median(double *v, int n) {
 }
 
 /* GFLOP/s of cblas_sgemm (SGEMM_N cubed, NT like the projections) with this rank's threads, every
- * rank at once: the best of SGEMM_REPS calls after a warm-up. The best, not the median: it is the
- * machine's rate, and a noisy neighbour must not make our fraction look larger than it is. */
+ * rank at once: the best of `reps` calls after a warm-up (the best: a noisy neighbour must not make
+ * our fraction look larger than it is). Measured right before every timed run (the fraction of
+ * that run) and, for the report's reference column, before and after all runs. */
 static double sgemm_rate(cli_ctx *c, int reps) {
   const size_t n = SGEMM_N;
   float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n), *o = malloc(sizeof(float) * n * n);

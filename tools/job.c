@@ -260,28 +260,40 @@ void job_free(job *j) {
   memset(j, 0, sizeof *j);
 }
 
+/* Rows per message when gathering: keeps every message far below MPI's int count limit and the
+ * receive buffer small, whatever T is. */
+#define GATHER_CHUNK_BYTES (64u << 20)
+
 void job_gather_rows(cli_ctx *c, const job *j, const void *local, int64_t width, size_t elem, void *full) {
   const size_t row_bytes = (size_t)width * elem;
-  if (c->size == 1) {
-    for (int64_t i = 0; i < j->n; i++)
-      memcpy((char *)full + j->rows[i] * row_bytes, (const char *)local + i * row_bytes, row_bytes);
+  const int64_t chunk = (int64_t)(GATHER_CHUNK_BYTES / row_bytes) > 0 ? (int64_t)(GATHER_CHUNK_BYTES / row_bytes) : 1;
+  if (c->rank != 0) { /* every rank holds j->n rows; rank 0 knows which ones from the shard rule */
+    for (int64_t i = 0; i < j->n; i += chunk) {
+      const int64_t m = j->n - i < chunk ? j->n - i : chunk;
+      MPI_Send((const char *)local + i * row_bytes, (int)(m * row_bytes), MPI_BYTE, 0, 0, c->comm);
+    }
     return;
   }
-  /* Every rank holds the same number of rows; rank r's rows are the shard of rank r. */
-  char *all = c->rank == 0 ? malloc(row_bytes * (size_t)(j->n * c->size) + 1) : NULL;
-  MPI_Gather(local, (int)(row_bytes * (size_t)j->n), MPI_BYTE, all, (int)(row_bytes * (size_t)j->n), MPI_BYTE,
-             0, c->comm);
-  if (c->rank == 0) {
-    int64_t *rows = malloc(sizeof(int64_t) * (size_t)(j->n + 1)), n = 0;
-    dsv4_cp_config cp = j->cp;
-    for (int r = 0; r < c->size; r++) {
-      dsv4_cp_shard_rows(&j->pk, &cp, r, c->size, rows, &n);
-      for (int64_t i = 0; i < n; i++)
-        memcpy((char *)full + rows[i] * row_bytes, all + ((size_t)r * j->n + i) * row_bytes, row_bytes);
-    }
-    free(rows);
-    free(all);
+  for (int64_t i = 0; i < j->n; i++)
+    memcpy((char *)full + j->rows[i] * row_bytes, (const char *)local + i * row_bytes, row_bytes);
+  if (c->size == 1) return;
+  int64_t *rows = malloc(sizeof(int64_t) * (size_t)(j->n + 1)), n = 0;
+  char *buf = malloc(row_bytes * (size_t)(j->n < chunk ? j->n : chunk) + 1);
+  dsv4_cp_config cp = j->cp;
+  if (!rows || !buf) { /* the other ranks are sending: nothing to do but stop the job */
+    cli_error(c, "out of memory gathering results on rank 0");
+    cli_abort(c);
   }
+  for (int r = 1; r < c->size; r++) {
+    dsv4_cp_shard_rows(&j->pk, &cp, r, c->size, rows, &n);
+    for (int64_t i = 0; i < n; i += chunk) {
+      const int64_t m = n - i < chunk ? n - i : chunk;
+      MPI_Recv(buf, (int)(m * row_bytes), MPI_BYTE, r, 0, c->comm, MPI_STATUS_IGNORE);
+      for (int64_t k = 0; k < m; k++) memcpy((char *)full + rows[i + k] * row_bytes, buf + k * row_bytes, row_bytes);
+    }
+  }
+  free(rows);
+  free(buf);
 }
 
 void job_check_output_path(cli_ctx *c, const char *path) {

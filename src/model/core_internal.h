@@ -64,7 +64,7 @@ typedef struct {
   /* First call of a forward: every rank checks that all agree on the config, the packing meta and
    * the local row count (so that a bad input fails on every rank instead of hanging one). */
   dsv4_status (*agree)(void *st, const dsv4_core *c, const dsv4_packing *pk, int64_t n_local);
-  /* The layout of the local rows (validates that the ranks agree on the inputs). */
+  /* The layout of the local rows (segments, halos, offsets, gather index; see the top of file). */
   dsv4_status (*layout)(void *st, const dsv4_docs *docs, int64_t n_local, int W, dsv4_layout *lay);
   /* Stage 1: fills the compressor halo rows (first c*D/2 channels of C and Z). */
   dsv4_status (*cmp_halo)(void *st, const dsv4_layout *lay, float *C, float *Z, int cD, int which);
