@@ -126,6 +126,10 @@ def targets(res, peers):
     plans = [r.get("bytes_match_plan") for r in res if r["ranks"] > 1]
     line(all(plans) and plans, "measured bytes per rank and message kind == dsv4cp plan",
          f"{sum(1 for p in plans if p)} of {len(plans)} multi-rank runs match exactly")
+    saved = [r["saved_bytes_match_plan"] for r in res if "saved_bytes_match_plan" in r]
+    if saved:
+        line(all(saved), "bytes saved for the backward per rank == dsv4cp plan",
+             f"{sum(1 for v in saved if v)} of {len(saved)} runs match exactly")
     return t
 
 

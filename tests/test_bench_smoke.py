@@ -1,7 +1,8 @@
 #!/usr/bin/env -S /usr/bin/python3
 """test_bench_smoke.py: a few seconds of the benchmark machinery (not a timing test): dsv4cp bench
-with CP = 1 and CP = 2 on the tiny preset writes its JSON record, measured bytes equal the plan, and
-report.py turns the records into the report and plots; dsv4cp plan prints every message kind."""
+with CP = 1 and CP = 2 on the tiny preset writes its JSON record, measured bytes (sent, and saved for
+the backward) equal the plan, and report.py turns the records into the report and plots; dsv4cp plan
+prints every message kind."""
 import argparse
 import json
 import os
@@ -29,6 +30,9 @@ def main():
     multi = [r for r in recs if r["ranks"] > 1]
     T.check(multi and all(r["bytes_match_plan"] is True for r in multi), "bench smoke: measured bytes == plan",
             str([r["bytes_match_plan"] for r in multi]))
+    T.check(recs and all(r["saved_bytes_match_plan"] is True for r in recs),
+            "bench smoke: bytes saved for the backward == plan (every rank)",
+            str([r["saved_bytes_match_plan"] for r in recs]))
     rc, o, e = T.run([T.PYTHON, os.path.join(T.ROOT, "bench", "report.py"), out], timeout=120)
     T.check(rc == 0 and os.path.exists(os.path.join(out, "report.txt")) and
             all(os.path.exists(os.path.join(out, f)) for f in ("time_vs_length.png", "scaling.png", "bytes_per_rank.png")),

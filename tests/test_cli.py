@@ -47,6 +47,11 @@ def main():
     expect_error(b, "unknown command", ["frobnicate"], "unknown command")
     expect_error(b, "unknown option", ["run", "--bogus", "1"], "--bogus")
     expect_error(b, "option without its value", ["run", "--config"], "--config")
+    expect_error(b, "unknown CP split", ["run", "--preset", "tiny", "--layer", "0", "--split", "zigzga",
+                                         "--output", out], "--split")
+    expect_error(b, "plan: unknown CP split", ["plan", "--preset", "flash", "--split", "zigzga"], "--split")
+    expect_error(b, "plan: more tokens than int32 cu_seqlens hold",
+                 ["plan", "--preset", "flash", "--seq", "2000000000", "--batch", "4"], "--seq x --batch")
 
     d, layer = T.make_case(b, "csa_packed", T.cases.CASES["csa_packed"])
     base = T.case_files(d, layer)

@@ -129,10 +129,14 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
                    size_t saved, double sgemm, double blocking, const char *json) {
   struct rec {
     double fwd, bwd, busy, rss_mb, saved_mb, sgemm, hidden;
-    int planned; /* measured bytes and messages per call == dsv4_cp_plan_traffic, every kind */
+    int planned;       /* measured bytes and messages per call == dsv4_cp_plan_traffic, every kind */
+    int saved_planned; /* bytes saved for the backward == dsv4_cp_plan_memory */
     dsv4_cp_stats st;
-  } mine = {tm->fwd, tm->bwd, tm->busy, 0, (double)saved / 1048576.0, sgemm, 0, 1, *st}, *all = NULL;
+  } mine = {tm->fwd, tm->bwd, tm->busy, 0, (double)saved / 1048576.0, sgemm, 0, 1, 0, *st}, *all = NULL;
   dsv4_cp_stats plan;
+  size_t plan_weights = 0, plan_saved = 0;
+  mine.saved_planned = dsv4_cp_plan_memory(&j->cfg, j->layer, &j->pk, &j->cp, c->rank, c->size, &plan_weights,
+                                           &plan_saved) == DSV4_OK && plan_saved == saved;
   if (dsv4_cp_plan_traffic(&j->cfg, j->layer, &j->pk, &j->cp, c->rank, c->size, &plan) != DSV4_OK) mine.planned = 0;
   for (int m = 0; m < DSV4_MSG_KINDS && c->size > 1; m++)
     mine.planned &= st->bytes_sent[m] == plan.bytes_sent[m] * (uint64_t)reps &&
@@ -148,7 +152,7 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
   MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, 0, c->comm);
   if (c->rank != 0) return;
   double fwd = 0, bwd = 0, busy_max = 0, busy_min = INFINITY, rss = 0, sv = 0, gemm = 0, hidden = 0;
-  int planned = 1;
+  int planned = 1, saved_planned = 1;
   for (int r = 0; r < c->size; r++) {
     fwd = fmax(fwd, all[r].fwd);
     bwd = fmax(bwd, all[r].bwd);
@@ -159,6 +163,7 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
     gemm += all[r].sgemm;
     hidden += all[r].hidden / c->size;
     planned &= all[r].planned;
+    saved_planned &= all[r].saved_planned;
   }
   dsv4_flops f;
   dsv4_layer_flops(&j->cfg, j->layer, &j->pk, &f);
@@ -179,10 +184,11 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
               "\"gflops\": %.3f, \"sgemm_gflops_per_rank\": %.3f, \"fraction_of_sgemm\": %.4f, "
               "\"peak_rss_mb\": %.1f, \"saved_activation_mb\": %.1f, \"busy_spread\": %.4f, "
               "\"allgather_blocking_s\": %.6f, \"allgather_hidden_fraction\": %.4f, \"bytes_match_plan\": %s, "
-              "\"per_rank\": [",
+              "\"saved_bytes_match_plan\": %s, \"per_rank\": [",
           j->ratio, (long long)j->T, c->size, split, omp_get_max_threads(), reps, fwd, bwd, (double)j->T / (fwd + bwd),
           f.fwd / 1e9, f.bwd / 1e9, gflops, gemm / c->size, tm->fraction, rss, sv, isnan(spread) ? 0 : spread,
-          blocking, isnan(hidden) ? -1.0 : hidden, c->size == 1 ? "null" : planned ? "true" : "false");
+          blocking, isnan(hidden) ? -1.0 : hidden, c->size == 1 ? "null" : planned ? "true" : "false",
+          saved_planned ? "true" : "false");
   for (int r = 0; r < c->size; r++) {
     fprintf(fj, "%s{\"rank\": %d, \"fwd_s\": %.6f, \"bwd_s\": %.6f, \"busy_s\": %.6f, \"peak_rss_mb\": %.1f, "
                 "\"saved_activation_mb\": %.1f, \"messages\": {",

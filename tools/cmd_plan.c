@@ -72,14 +72,13 @@ int cmd_plan(cli_ctx *c, int argc, char **argv) {
   if (o.preset ? cli_lib(c, dsv4_config_preset(&cfg, o.preset)) : cli_lib(c, dsv4_config_load(&cfg, o.config)))
     return cli_sync(c);
   int64_t S = 4096, B = 1, layer = -1;
-  if (o.seq && cli_int(c, "seq", o.seq, 1, INT32_MAX, &S)) return cli_sync(c);
-  if (o.batch && cli_int(c, "batch", o.batch, 1, INT32_MAX, &B)) return cli_sync(c);
+  dsv4_cp_config cp = {DSV4_SPLIT_CONTIGUOUS, 1};
+  if (job_parse_shape(c, &o, &S, &B) || job_parse_split(c, &o, &cp)) return cli_sync(c);
   if (o.layer && cli_int(c, "layer", o.layer, 0, cfg.n_layers - 1, &layer)) return cli_sync(c);
   int32_t *cu = calloc((size_t)B + 1, sizeof(int32_t));
+  if (!cu) return cli_lib(c, DSV4_ERR_NOMEM), cli_sync(c);
   for (int64_t b = 0; b <= B; b++) cu[b] = (int32_t)(b * S);
   dsv4_packing pk = {cu, NULL, (int)B, S * B, B > 1};
-  dsv4_cp_config cp = {DSV4_SPLIT_CONTIGUOUS, 1};
-  if (o.split && !strcmp(o.split, "zigzag")) cp.split = DSV4_SPLIT_ZIGZAG;
   printf("plan: %s, T = %lld (%lld x %lld), CP = %lld, %s split\n", o.preset ? o.preset : o.config,
          (long long)(S * B), (long long)B, (long long)S, (long long)N,
          cp.split == DSV4_SPLIT_ZIGZAG ? "zigzag" : "contiguous");

@@ -52,11 +52,28 @@ static void load_config(cli_ctx *c, job *j, const job_opts *o) {
   j->layer = (int)v;
   j->ratio = dsv4_config_ratio(&j->cfg, j->layer);
   if (o->seed && cli_int(c, "seed", o->seed, 0, INT64_MAX, &v) == 0) j->seed = (uint64_t)v;
-  j->cp.split = DSV4_SPLIT_CONTIGUOUS;
-  if (o->split) {
-    if (!strcmp(o->split, "zigzag")) j->cp.split = DSV4_SPLIT_ZIGZAG;
-    else if (strcmp(o->split, "contiguous")) cli_error(c, "--split: '%s' is not contiguous or zigzag", o->split);
+  job_parse_split(c, o, &j->cp);
+}
+
+int job_parse_split(cli_ctx *c, const job_opts *o, dsv4_cp_config *cp) {
+  cp->split = DSV4_SPLIT_CONTIGUOUS;
+  if (!o->split || !strcmp(o->split, "contiguous")) return 0;
+  if (!strcmp(o->split, "zigzag")) {
+    cp->split = DSV4_SPLIT_ZIGZAG;
+    return 0;
   }
+  cli_error(c, "--split: '%s' is not contiguous or zigzag", o->split);
+  return 1;
+}
+
+int job_parse_shape(cli_ctx *c, const job_opts *o, int64_t *S, int64_t *B) {
+  if (o->seq && cli_int(c, "seq", o->seq, 1, INT32_MAX, S)) return 1;
+  if (o->batch && cli_int(c, "batch", o->batch, 1, INT32_MAX, B)) return 1;
+  if (*S * *B > INT32_MAX) { /* cu_seqlens are int32 */
+    cli_error(c, "--seq x --batch = %lld tokens is too many (at most %d)", (long long)(*S * *B), INT32_MAX);
+    return 1;
+  }
+  return 0;
 }
 
 static void load_weights(cli_ctx *c, job *j, const job_opts *o) {
@@ -83,12 +100,7 @@ static void input_meta(cli_ctx *c, job *j, const job_opts *o, dsv4_st_file **fp,
   const int64_t d = j->cfg.dim;
   if (!o->input) {
     int64_t S = DEFAULT_SEQ, B = 1;
-    if (o->seq && cli_int(c, "seq", o->seq, 1, INT32_MAX, &S)) return;
-    if (o->batch && cli_int(c, "batch", o->batch, 1, INT32_MAX, &B)) return;
-    if (S * B > INT32_MAX) {
-      cli_error(c, "--seq x --batch = %lld tokens is too many", (long long)(S * B));
-      return;
-    }
+    if (job_parse_shape(c, o, &S, &B)) return;
     j->T = S * B;
     j->B = B;
     j->S = S;
@@ -350,7 +362,7 @@ void job_diff(const float *a, const float *b, int64_t n, double *max_diff, doubl
   double d = 0, m = 0;
   for (int64_t i = 0; i < n; i++) {
     const double e = fabs((double)a[i] - b[i]);
-    if (!(e <= d)) d = e; /* NaN propagates */
+    if (e > d || isnan(e)) d = e; /* a NaN sticks: nothing compares greater than it */
     m = fabs(b[i]) > m ? fabs(b[i]) : m;
   }
   *max_diff = d;

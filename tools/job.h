@@ -57,6 +57,11 @@ typedef enum { JOB_FAST = 0, JOB_NAIVE, JOB_NAIVE_OPS /* naive operators, BLAS p
 void job_execute(cli_ctx *c, job *j, int cp, job_path path, job_result *r, dsv4_cp_stats *stats);
 void job_result_free(job_result *r);
 
+/* --split into cp (contiguous when absent); an unknown mode is an error naming it. Returns 0 on success. */
+int job_parse_split(cli_ctx *c, const job_opts *o, dsv4_cp_config *cp);
+/* --seq / --batch into S and B (left as given when absent); S * B must fit the int32 cu_seqlens. */
+int job_parse_shape(cli_ctx *c, const job_opts *o, int64_t *S, int64_t *B);
+
 /* A layer over the job's weights, patched for CP over all ranks when cp is 1 and there are several
  * (*comm then holds the communicator; free both). Records errors in c; returns 0 on success. */
 int job_make_layer(cli_ctx *c, job *j, int cp, dsv4_layer **l, dsv4_comm **comm);

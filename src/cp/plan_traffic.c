@@ -92,13 +92,11 @@ dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_pa
                                 int rank, int size, size_t *weights_bytes, size_t *saved_bytes) {
   dsv4_status rc = DSV4_OK;
   plan_ctx p = {0};
-  dsv4_weights *w = NULL;
   DSV4_CHECK(cfg && pk && weights_bytes && saved_bytes && size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG,
              "plan: bad arguments");
   DSV4_TRY(plan_make(&p, cfg, layer, pk, cp, size));
-  DSV4_TRY(dsv4_weights_create(&w, cfg, layer));
   int64_t nw = 0;
-  dsv4_weights_block(w, &nw);
+  DSV4_TRY(dsv4_weights_numel(cfg, layer, &nw));
   *weights_bytes = sizeof(float) * (size_t)nw;
   const dsv4_layout *l = &p.lays[rank];
   const int r = p.docs.ratio;
@@ -111,7 +109,6 @@ dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_pa
     }
   *saved_bytes = dsv4_saved_bytes_formula(cfg, r, l->n, l->R_kv, size > 1, r > 0 ? l->R_c : 0, n_slot, p.docs.n_cmp);
 fail:
-  dsv4_weights_free(w);
   plan_free(&p);
   return rc;
 }

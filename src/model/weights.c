@@ -43,15 +43,12 @@ static void set_shape(dsv4_weights *w, dsv4_wid id, int64_t a, int64_t b, init_k
   w->init[id] = kind;
 }
 
-dsv4_status dsv4_weights_create(dsv4_weights **out, const dsv4_config *cfg, int layer) {
+/* Fills the table of names and shapes of `layer` (no data yet). */
+static dsv4_status set_shapes(dsv4_weights *w, const dsv4_config *cfg, int layer) {
   dsv4_status rc = DSV4_OK;
-  dsv4_weights *w = NULL;
-  DSV4_CHECK(out && cfg, DSV4_ERR_ARG, "weights: NULL argument");
-  *out = NULL;
   DSV4_TRY(dsv4_config_validate(cfg));
   int r = dsv4_config_ratio(cfg, layer);
   DSV4_CHECK(r >= 0, DSV4_ERR_ARG, "layer %d out of range (config has %d layers)", layer, cfg->n_layers);
-  DSV4_ALLOC(w, 1);
   w->cfg = *cfg;
   w->layer = layer;
   w->ratio = r;
@@ -82,8 +79,34 @@ dsv4_status dsv4_weights_create(dsv4_weights **out, const dsv4_config *cfg, int 
     set_shape(w, W_I_WGATE, 2 * Di, d, INIT_LINEAR);
     set_shape(w, W_I_NORM, Di, 0, INIT_NORM);
   }
+fail:
+  return rc;
+}
+
+static int64_t total_numel(const dsv4_weights *w) {
   int64_t total = 0;
   for (int i = 0; i < W_COUNT; i++) total += w->t[i].numel;
+  return total;
+}
+
+dsv4_status dsv4_weights_numel(const dsv4_config *cfg, int layer, int64_t *n) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_weights w = {0};
+  DSV4_CHECK(cfg && n, DSV4_ERR_ARG, "weights: NULL argument");
+  DSV4_TRY(set_shapes(&w, cfg, layer));
+  *n = total_numel(&w);
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_weights_create(dsv4_weights **out, const dsv4_config *cfg, int layer) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_weights *w = NULL;
+  DSV4_CHECK(out && cfg, DSV4_ERR_ARG, "weights: NULL argument");
+  *out = NULL;
+  DSV4_ALLOC(w, 1);
+  DSV4_TRY(set_shapes(w, cfg, layer));
+  const int64_t total = total_numel(w);
   DSV4_ALLOC(w->block, total);
   int64_t off = 0;
   for (int i = 0; i < W_COUNT; i++)

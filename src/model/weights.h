@@ -30,6 +30,8 @@ typedef enum {
 float *dsv4_w(const dsv4_weights *w, dsv4_wid id);
 /* The one allocation behind every tensor (n floats), for whole-set reductions. */
 float *dsv4_weights_block(const dsv4_weights *w, int64_t *n);
+/* Floats in the weight set of `layer` (what dsv4_weights_create would allocate), without allocating. */
+dsv4_status dsv4_weights_numel(const dsv4_config *cfg, int layer, int64_t *n);
 int dsv4_weights_layer(const dsv4_weights *w);
 const dsv4_config *dsv4_weights_config(const dsv4_weights *w);
 

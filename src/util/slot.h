@@ -1,8 +1,10 @@
 /* slot.h: buffers an object keeps across calls. A fresh multi-megabyte allocation comes as fresh
  * pages, each costing a page fault on first touch; measured here, writing a 512 MiB projection
  * output into fresh pages ran at 81 GFLOP/s instead of 146. Reusing the same buffers makes every
- * call after the first fault-free (what PyTorch's caching allocator does too). The peak is the
- * same; the memory is simply not returned between calls (it is when the object is freed). */
+ * call after the first fault-free (what PyTorch's caching allocator does too). The cost: the
+ * memory is not returned between calls (it is when the object is freed), so temporaries of the
+ * forward stay held through the backward; forward and backward share the temporary slots, and
+ * those temporaries are small next to the saved activations. */
 #ifndef DSV4_SLOT_H
 #define DSV4_SLOT_H
 

@@ -67,7 +67,7 @@ static inline void check_invariant(const char *name, const float *a, const float
   for (int64_t i = 0; i < n; i++) {
     if (a[i] == b[i]) continue;
     const double d = fabs((double)a[i] - b[i]);
-    if (!(d <= err)) err = d;
+    if (d > err || isnan(d)) err = d; /* a NaN sticks */
     if (isfinite(b[i])) ref = fmax(ref, fabs(b[i]));
   }
   tu_check(err <= 1e-5 * ref, "%s (BLAS not position invariant: max_err %.3g, limit %.3g)", name, err,
@@ -80,7 +80,7 @@ static inline int close_d(const char *name, const double *a, const double *b, in
   double err = 0, ref = 0;
   for (int64_t i = 0; i < n; i++) {
     double d = fabs(a[i] - b[i]);
-    if (!(d <= err)) err = d;
+    if (d > err || isnan(d)) err = d; /* a NaN sticks */
     ref = fabs(b[i]) > ref ? fabs(b[i]) : ref;
   }
   double lim = tol * (ref > floor ? ref : floor);
@@ -125,7 +125,7 @@ static inline int fd_check(const char *name, const float *a, const double *g, in
     if (isnan(g[i])) continue;
     used++;
     double d = fabs((double)a[i] - g[i]);
-    if (!(d <= err)) err = d;
+    if (d > err || isnan(d)) err = d; /* a NaN sticks */
     ref = fabs(g[i]) > ref ? fabs(g[i]) : ref;
   }
   double lim = tol * (ref > floor ? ref : floor);

@@ -2,6 +2,7 @@
  * validation errors that name the key. */
 #include <string.h>
 
+#include "model/weights.h"
 #include "testutil.h"
 
 #define BASE                                                                                          \
@@ -83,5 +84,17 @@ int main(void) {
                strstr(dsv4_last_error(), "/nonexistent/config.json"),
            "config missing file named in the error");
   tu_check(dsv4_config_ratio(&c, -1) == -1 && dsv4_config_ratio(&c, 1000) == -1, "config ratio of an absent layer");
+  /* the planner counts a layer's weights without allocating them: the same count as the allocation */
+  dsv4_config_preset(&c, "flash");
+  for (int layer = 0; layer < 4; layer++) {
+    dsv4_weights *w = NULL;
+    int64_t counted = -1, allocated = -2;
+    tu_ok(dsv4_weights_numel(&c, layer, &counted), "weights_numel");
+    if (tu_ok(dsv4_weights_create(&w, &c, layer), "weights_create")) dsv4_weights_block(w, &allocated);
+    tu_check(counted == allocated, "weights_numel of flash layer %d (ratio %d) = the allocation: %lld vs %lld", layer,
+             dsv4_config_ratio(&c, layer), (long long)counted, (long long)allocated);
+    dsv4_weights_free(w);
+  }
+  tu_check(dsv4_weights_numel(&c, 1000, &(int64_t){0}) == DSV4_ERR_ARG, "weights_numel of an absent layer fails");
   return tu_finish();
 }

@@ -780,6 +780,12 @@ static void test_kl_given_teacher(void) {
   }
 }
 
+/* The difference helpers must not lose a NaN that a later finite difference follows. */
+static void test_diff_keeps_nan(void) {
+  const float a[3] = {0.0f, NAN, 1.0f}, b[3] = {0.0f, 0.0f, 0.0f};
+  tu_check(isnan(tu_max_abs_diff(a, b, 3)), "max_abs_diff: a NaN in the middle is reported");
+}
+
 int main(void) {
   g_bitwise = dsv4_blas_probe_invariance();
   if (!g_bitwise) printf("note: this BLAS is not row-position invariant: invariance checked to 1e-5\n");
@@ -788,6 +794,7 @@ int main(void) {
   test_compressor();
   test_indexer();
   test_kl_given_teacher();
+  test_diff_keeps_nan();
   test_indexer_identical_keys();
   test_sparse_attn();
   test_kl_forward();

@@ -44,7 +44,7 @@ double tu_max_abs_diff(const float *a, const float *b, int64_t n) {
   double m = 0;
   for (int64_t i = 0; i < n; i++) {
     double d = fabs((double)a[i] - b[i]);
-    if (!(d <= m)) m = d; /* NaN propagates */
+    if (d > m || isnan(d)) m = d; /* a NaN sticks: nothing compares greater than it */
   }
   return m;
 }
