@@ -18,7 +18,7 @@ MPI_LIB  := $(shell mpicc --showme:link 2>/dev/null)
 # -ffp-contract=off: a loop's vector body and its scalar remainder must give the same bits, so a
 # token's result never depends on where it sits (CP = N bitwise equal to CP = 1).
 OPT      ?= -O3 -march=native
-CFLAGS   += -std=gnu11 $(OPT) -ffp-contract=off -fopenmp -fPIC -Wall -Wextra -Werror \
+CFLAGS   += -std=c17 -D_DEFAULT_SOURCE $(OPT) -ffp-contract=off -fopenmp -fPIC -Wall -Wextra -Werror \
             -Iinclude -Isrc -I$(BLAS_INC) $(MPI_INC) $(EXTRA_CFLAGS)
 LDLIBS   += -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas $(MPI_LIB) -lcjson -lm -fopenmp $(EXTRA_LDFLAGS)
 
@@ -34,7 +34,15 @@ TEST_BIN += $(MPITEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 .PHONY: all deps test test-fast test-asan demo bench install clean
 all: $(BUILD)/libdsv4cp.a $(BUILD)/libdsv4cp.so $(BUILD)/dsv4cp $(TEST_BIN)
 
-$(BUILD)/obj/%.o: %.c $(wildcard include/*.h src/*/*.h tools/*.h tests/c/*.h)
+HEADERS  := $(wildcard include/*.h src/*/*.h tools/*.h tests/c/*.h)
+# Library objects export only what the public headers mark DSV4_API (include/dsv4cp.h).
+LIB_CFLAGS := -fvisibility=hidden -DDSV4_BUILDING_LIBRARY
+
+$(BUILD)/obj/src/%.o: src/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LIB_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 

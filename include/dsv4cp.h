@@ -17,9 +17,26 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Version of this header and library (dsv4_version() reports the library's at run time). */
+#define DSV4_VERSION_MAJOR 0
+#define DSV4_VERSION_MINOR 2
+#define DSV4_VERSION_PATCH 0
+#define DSV4_VERSION_STRING "0.2.0"
+
+/* Exported symbols: the library is built with -fvisibility=hidden, so only what this header and
+ * dsv4cp_mpi.h declare is visible to programs linking the shared library. */
+#if defined(DSV4_BUILDING_LIBRARY) && defined(__GNUC__)
+#define DSV4_API __attribute__((visibility("default")))
+#else
+#define DSV4_API
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* "MAJOR.MINOR.PATCH" of the library actually linked (compare with DSV4_VERSION_STRING). */
+DSV4_API const char *dsv4_version(void);
 
 /* ---------------------------------------------------------------------------------------------
  * Status and errors
@@ -38,12 +55,12 @@ typedef enum {
   DSV4_ERR_UNSUPPORTED  /* a valid request this build does not support */
 } dsv4_status;
 
-const char *dsv4_status_string(dsv4_status st);
+DSV4_API const char *dsv4_status_string(dsv4_status st);
 /* Message of the last failure on the calling thread (names the failing argument). */
-const char *dsv4_last_error(void);
+DSV4_API const char *dsv4_last_error(void);
 /* "file.c:123" where the last failure was detected. */
-const char *dsv4_last_error_location(void);
-void dsv4_clear_error(void);
+DSV4_API const char *dsv4_last_error_location(void);
+DSV4_API void dsv4_clear_error(void);
 
 /* ---------------------------------------------------------------------------------------------
  * Configuration (SPEC section 1)
@@ -77,15 +94,15 @@ typedef struct {
 } dsv4_config;
 
 /* Built-in presets: "flash" (V4-Flash), "pro" (V4-Pro), "tiny" (small dims for tests/demos). */
-dsv4_status dsv4_config_preset(dsv4_config *cfg, const char *name);
+DSV4_API dsv4_status dsv4_config_preset(dsv4_config *cfg, const char *name);
 /* Parses a Hugging Face style DeepSeek V4 config.json (text or file). Structural keys are required;
  * rope/eps keys default to V4-Flash values; unknown keys are ignored. Validates the result. */
-dsv4_status dsv4_config_parse(dsv4_config *cfg, const char *json_text);
-dsv4_status dsv4_config_load(dsv4_config *cfg, const char *path);
+DSV4_API dsv4_status dsv4_config_parse(dsv4_config *cfg, const char *json_text);
+DSV4_API dsv4_status dsv4_config_load(dsv4_config *cfg, const char *path);
 /* Checks every value (H % o_groups, rope_dim even and <= every rotated vector, ratios in {0,4,128}...). */
-dsv4_status dsv4_config_validate(const dsv4_config *cfg);
+DSV4_API dsv4_status dsv4_config_validate(const dsv4_config *cfg);
 /* Compress ratio of a layer, or -1 when layer is out of range. */
-int dsv4_config_ratio(const dsv4_config *cfg, int layer);
+DSV4_API int dsv4_config_ratio(const dsv4_config *cfg, int layer);
 
 /* ---------------------------------------------------------------------------------------------
  * Weights of one layer (SPEC section 2): an owned set of fp32 tensors with DeepSeek's names.
@@ -101,22 +118,22 @@ typedef struct {
   float *data;
 } dsv4_tensor;
 
-dsv4_status dsv4_weights_create(dsv4_weights **out, const dsv4_config *cfg, int layer);
-void dsv4_weights_free(dsv4_weights *w);
-int dsv4_weights_count(const dsv4_weights *w);
-dsv4_status dsv4_weights_get(const dsv4_weights *w, int i, dsv4_tensor *t);
+DSV4_API dsv4_status dsv4_weights_create(dsv4_weights **out, const dsv4_config *cfg, int layer);
+DSV4_API void dsv4_weights_free(dsv4_weights *w);
+DSV4_API int dsv4_weights_count(const dsv4_weights *w);
+DSV4_API dsv4_status dsv4_weights_get(const dsv4_weights *w, int i, dsv4_tensor *t);
 /* Tensor by short name ("attn.wq_a.weight") or full name ("layers.2.attn.wq_a.weight"); NULL if absent. */
-float *dsv4_weights_find(const dsv4_weights *w, const char *name);
-void dsv4_weights_zero(dsv4_weights *w);
+DSV4_API float *dsv4_weights_find(const dsv4_weights *w, const char *name);
+DSV4_API void dsv4_weights_zero(dsv4_weights *w);
 /* Deterministic random values from seed: element i of tensor t depends only on (seed, t's name, i). */
-dsv4_status dsv4_weights_init_random(dsv4_weights *w, uint64_t seed);
+DSV4_API dsv4_status dsv4_weights_init_random(dsv4_weights *w, uint64_t seed);
 /* Loads every tensor from a safetensors file, named "layers.L.<short>" or "<short>"; F32/BF16/F16.
  * A missing tensor, wrong shape or wrong dtype is an error naming the tensor. */
-dsv4_status dsv4_weights_load(dsv4_weights *w, const char *path);
+DSV4_API dsv4_status dsv4_weights_load(dsv4_weights *w, const char *path);
 /* Prefix the loaded file used for this layer ("layers.L." or ""), for naming gradients. */
-const char *dsv4_weights_prefix(const dsv4_weights *w);
+DSV4_API const char *dsv4_weights_prefix(const dsv4_weights *w);
 /* dst += src, tensor by tensor (same config and layer). */
-dsv4_status dsv4_weights_add(dsv4_weights *dst, const dsv4_weights *src);
+DSV4_API dsv4_status dsv4_weights_add(dsv4_weights *dst, const dsv4_weights *src);
 
 /* ---------------------------------------------------------------------------------------------
  * Packed sequences (SPEC section 4)
@@ -165,8 +182,8 @@ typedef struct {
   int Hi, Di, topk;
 } dsv4_indexer_args;
 
-dsv4_status dsv4_lightning_indexer(const dsv4_indexer_args *a);
-dsv4_status dsv4_lightning_indexer_ref(const dsv4_indexer_args *a);
+DSV4_API dsv4_status dsv4_lightning_indexer(const dsv4_indexer_args *a);
+DSV4_API dsv4_status dsv4_lightning_indexer_ref(const dsv4_indexer_args *a);
 
 /* sparse_attn_sharedkv: per query p and head h, keys = the window rows of ori_kv
  * [win_start[p], win_start[p] + win_len[p]) followed by the compressed rows (cmp_ids[p, :] without
@@ -206,10 +223,10 @@ typedef struct {
   dsv4_attn_args fwd;       /* the forward's arguments (out/lse fields ignored) */
 } dsv4_attn_bwd_args;
 
-dsv4_status dsv4_sparse_attn(const dsv4_attn_args *a);
-dsv4_status dsv4_sparse_attn_ref(const dsv4_attn_args *a);
-dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *a);
-dsv4_status dsv4_sparse_attn_bwd_ref(const dsv4_attn_bwd_args *a);
+DSV4_API dsv4_status dsv4_sparse_attn(const dsv4_attn_args *a);
+DSV4_API dsv4_status dsv4_sparse_attn_ref(const dsv4_attn_args *a);
+DSV4_API dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *a);
+DSV4_API dsv4_status dsv4_sparse_attn_bwd_ref(const dsv4_attn_bwd_args *a);
 
 /* indexer_kl_loss (SPEC 3, "Indexer KL loss"): for each query with a non-empty set J_p
  * (sparse: the ids in topk_ids[p]; dense: all visible rows):
@@ -245,8 +262,8 @@ typedef struct {
                                (topk_scores); may be NULL: recomputed here */
 } dsv4_kl_args;
 
-dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a);
-dsv4_status dsv4_indexer_kl_loss_ref(const dsv4_kl_args *a);
+DSV4_API dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a);
+DSV4_API dsv4_status dsv4_indexer_kl_loss_ref(const dsv4_kl_args *a);
 
 /* ---------------------------------------------------------------------------------------------
  * Distributed layouts of the three operators (SPEC 5). Every tensor argument carries a placement
@@ -267,26 +284,26 @@ typedef struct {
   int64_t halo;             /* DSV4_PLACE_WINDOW: halo rows in front of the local rows */
 } dsv4_placement;
 
-const char *dsv4_placement_name(dsv4_placement p); /* "SHARD(seq)", "WINDOW(127)", ... */
+DSV4_API const char *dsv4_placement_name(dsv4_placement p); /* "SHARD(seq)", "WINDOW(127)", ... */
 
 /* lightning_indexer: in = {q_idx, k_idx, weights}; out = {topk_ids, topk_scores}. */
-dsv4_status dsv4_lightning_indexer_infer(int nranks, const dsv4_placement in[3], dsv4_placement out[2]);
+DSV4_API dsv4_status dsv4_lightning_indexer_infer(int nranks, const dsv4_placement in[3], dsv4_placement out[2]);
 /* sparse_attn_sharedkv: in = {q, ori_kv, cmp_kv, cmp_ids, sink} (cmp_* REPLICATE when absent);
  * out = {out, lse}; backward outputs bwd = {dq, d_ori_kv, d_cmp_kv, d_sink}. */
-dsv4_status dsv4_sparse_attn_infer(int nranks, const dsv4_placement in[5], dsv4_placement out[2],
+DSV4_API dsv4_status dsv4_sparse_attn_infer(int nranks, const dsv4_placement in[5], dsv4_placement out[2],
                                    dsv4_placement bwd[4]);
 /* indexer_kl_loss: in = {q, cmp_kv, topk_ids, q_idx, k_idx, weights};
  * out = {loss, d_q_idx, d_weights, d_k_idx}. */
-dsv4_status dsv4_indexer_kl_loss_infer(int nranks, const dsv4_placement in[6], dsv4_placement out[4]);
+DSV4_API dsv4_status dsv4_indexer_kl_loss_infer(int nranks, const dsv4_placement in[6], dsv4_placement out[4]);
 
 /* The operators behind their infer rules: the layout is checked (and a WINDOW placement checked
  * against the argument's row counts) before the local kernel runs. impl picks fast or naive. */
-dsv4_status dsv4_lightning_indexer_dist(const dsv4_indexer_args *a, int nranks, const dsv4_placement in[3],
+DSV4_API dsv4_status dsv4_lightning_indexer_dist(const dsv4_indexer_args *a, int nranks, const dsv4_placement in[3],
                                         dsv4_impl impl);
-dsv4_status dsv4_sparse_attn_dist(const dsv4_attn_args *a, int nranks, const dsv4_placement in[5], dsv4_impl impl);
-dsv4_status dsv4_sparse_attn_bwd_dist(const dsv4_attn_bwd_args *a, int nranks, const dsv4_placement in[5],
+DSV4_API dsv4_status dsv4_sparse_attn_dist(const dsv4_attn_args *a, int nranks, const dsv4_placement in[5], dsv4_impl impl);
+DSV4_API dsv4_status dsv4_sparse_attn_bwd_dist(const dsv4_attn_bwd_args *a, int nranks, const dsv4_placement in[5],
                                       dsv4_impl impl);
-dsv4_status dsv4_indexer_kl_loss_dist(const dsv4_kl_args *a, int nranks, const dsv4_placement in[6],
+DSV4_API dsv4_status dsv4_indexer_kl_loss_dist(const dsv4_kl_args *a, int nranks, const dsv4_placement in[6],
                                       dsv4_impl impl);
 
 /* ---------------------------------------------------------------------------------------------
@@ -318,25 +335,14 @@ typedef struct {
   float d_loss;             /* d objective / d indexer_loss (1 for sum(out * dout) + indexer_loss) */
 } dsv4_core_bwd_args;
 
-typedef struct {
-  dsv4_status (*token_map)(dsv4_core *c, const dsv4_packing *pk, int64_t n, dsv4_token_map *map);
-  dsv4_status (*forward)(dsv4_core *c, const dsv4_core_fwd_args *a);
-  dsv4_status (*backward)(dsv4_core *c, const dsv4_core_bwd_args *a);
-} dsv4_core_ops;
-
 /* The core borrows w (attn_sink, compressor.*, indexer.*), which must outlive it. */
-dsv4_status dsv4_core_create(dsv4_core **out, const dsv4_config *cfg, int layer, const dsv4_weights *w);
-void dsv4_core_free(dsv4_core *c);
-void dsv4_core_set_impl(dsv4_core *c, dsv4_impl impl);
+DSV4_API dsv4_status dsv4_core_create(dsv4_core **out, const dsv4_config *cfg, int layer, const dsv4_weights *w);
+DSV4_API void dsv4_core_free(dsv4_core *c);
+DSV4_API void dsv4_core_set_impl(dsv4_core *c, dsv4_impl impl);
 /* Rows of the local shard: identity for one rank; the rank's shard after dsv4_cp_patch. */
-dsv4_status dsv4_core_token_map(dsv4_core *c, const dsv4_packing *pk, int64_t n, dsv4_token_map *map);
-dsv4_status dsv4_core_forward(dsv4_core *c, const dsv4_core_fwd_args *a);
-dsv4_status dsv4_core_backward(dsv4_core *c, const dsv4_core_bwd_args *a);
-/* The current function pointers, and a way to replace them (what dsv4_cp_patch uses). */
-dsv4_core_ops dsv4_core_get_ops(const dsv4_core *c);
-void dsv4_core_set_ops(dsv4_core *c, const dsv4_core_ops *ops, void *impl_state,
-                       void (*free_state)(void *));
-void *dsv4_core_impl_state(const dsv4_core *c);
+DSV4_API dsv4_status dsv4_core_token_map(dsv4_core *c, const dsv4_packing *pk, int64_t n, dsv4_token_map *map);
+DSV4_API dsv4_status dsv4_core_forward(dsv4_core *c, const dsv4_core_fwd_args *a);
+DSV4_API dsv4_status dsv4_core_backward(dsv4_core *c, const dsv4_core_bwd_args *a);
 
 /* ---------------------------------------------------------------------------------------------
  * The layer: q/kv projections, the core, inverse RoPE and the grouped output projection.
@@ -344,20 +350,20 @@ void *dsv4_core_impl_state(const dsv4_core *c);
 typedef struct dsv4_layer dsv4_layer;
 
 /* The layer borrows cfg's values (copied) and w (must outlive it). */
-dsv4_status dsv4_layer_create(dsv4_layer **out, const dsv4_config *cfg, int layer, const dsv4_weights *w);
-void dsv4_layer_free(dsv4_layer *l);
-dsv4_core *dsv4_layer_core(dsv4_layer *l);
+DSV4_API dsv4_status dsv4_layer_create(dsv4_layer **out, const dsv4_config *cfg, int layer, const dsv4_weights *w);
+DSV4_API void dsv4_layer_free(dsv4_layer *l);
+DSV4_API dsv4_core *dsv4_layer_core(dsv4_layer *l);
 /* NAIVE: reference loops for every product and operator (slow; for self-checks). */
-void dsv4_layer_set_impl(dsv4_layer *l, dsv4_impl impl);
+DSV4_API void dsv4_layer_set_impl(dsv4_layer *l, dsv4_impl impl);
 
 /* Forward over the n local rows of x. out: [n, d] overwritten (zero on padding rows);
  * topk_ids: [n, k] (r == 4; may be NULL); indexer_loss: [1] (r == 4; may be NULL).
  * train = 1 keeps activations for dsv4_layer_backward (x must stay valid until then). */
-dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, float *indexer_loss,
+DSV4_API dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, float *indexer_loss,
                                const float *x, int64_t n, const dsv4_packing *pk, int train);
 /* Backward of sum(out * dout) + d_loss * indexer_loss. dx: [n, d] overwritten (zero on padding);
  * grads: accumulated (per-rank partial sums under CP; see dsv4_cp_allreduce_grads). */
-dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, const float *dout,
+DSV4_API dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, const float *dout,
                                 float d_loss);
 
 /* FLOPs one layer call must do (docs/perf.md): real tokens only, no recomputation counted. */
@@ -368,10 +374,10 @@ typedef struct {
   double tokens;                                     /* real tokens counted */
 } dsv4_flops;
 
-dsv4_status dsv4_layer_flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, dsv4_flops *f);
+DSV4_API dsv4_status dsv4_layer_flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, dsv4_flops *f);
 
 /* Bytes the layer (and its core) hold for the backward after a training forward on this rank. */
-size_t dsv4_layer_saved_bytes(const dsv4_layer *l);
+DSV4_API size_t dsv4_layer_saved_bytes(const dsv4_layer *l);
 
 /* ---------------------------------------------------------------------------------------------
  * Context parallelism (SPEC section 5)
@@ -379,10 +385,10 @@ size_t dsv4_layer_saved_bytes(const dsv4_layer *l);
 typedef struct dsv4_comm dsv4_comm;
 
 /* A communicator of one rank (no messages). MPI: see dsv4cp_mpi.h. */
-dsv4_status dsv4_comm_create_self(dsv4_comm **out);
-void dsv4_comm_free(dsv4_comm *c);
-int dsv4_comm_rank(const dsv4_comm *c);
-int dsv4_comm_size(const dsv4_comm *c);
+DSV4_API dsv4_status dsv4_comm_create_self(dsv4_comm **out);
+DSV4_API void dsv4_comm_free(dsv4_comm *c);
+DSV4_API int dsv4_comm_rank(const dsv4_comm *c);
+DSV4_API int dsv4_comm_size(const dsv4_comm *c);
 
 typedef enum {
   DSV4_SPLIT_CONTIGUOUS = 0, /* rank q holds tokens [q L, (q+1) L) */
@@ -416,15 +422,15 @@ typedef struct {
   double overlap_window_seconds;    /* time of the computation it overlapped with */
 } dsv4_cp_stats;
 
-const char *dsv4_msg_kind_name(dsv4_msg_kind k);
+DSV4_API const char *dsv4_msg_kind_name(dsv4_msg_kind k);
 
 /* The plan of one layer forward + backward under CP, computed on the host (docs/cp.md): bytes and
  * messages per kind for rank `rank` of `size` (what dsv4_cp_get_stats measures, exactly), and the
  * bytes a rank holds: the weight set (its gradients take as much again) and the activations saved
  * for the backward. */
-dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+DSV4_API dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
                                  const dsv4_cp_config *cp, int rank, int size, dsv4_cp_stats *out);
-dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_cp_config *cp,
+DSV4_API dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_cp_config *cp,
                                 int rank, int size, size_t *weights_bytes, size_t *saved_bytes);
 
 /* The global rows rank `rank` of `size` holds (SPEC 5): for the contiguous split the slice
@@ -432,18 +438,18 @@ dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_pa
  * sequence); for zigzag, chunks rank and 2 size - 1 - rank of 2 size (of every sequence).
  * rows: [n] out, may be NULL to query n. Fails (the same way on every rank) when T, or the
  * sequence length, does not divide. */
-dsv4_status dsv4_cp_shard_rows(const dsv4_packing *pk, const dsv4_cp_config *cfg, int rank, int size,
+DSV4_API dsv4_status dsv4_cp_shard_rows(const dsv4_packing *pk, const dsv4_cp_config *cfg, int rank, int size,
                                int64_t *rows, int64_t *n);
 
 /* Swaps the core's forward/backward for the two-stage CP versions over comm. The core keeps its
  * weights; the comm must outlive the core. After this, dsv4_core_forward (and the layer) take
  * LOCAL shards and return the local shard of the CP = 1 result. */
-dsv4_status dsv4_cp_patch(dsv4_core *core, dsv4_comm *comm, const dsv4_cp_config *cfg);
+DSV4_API dsv4_status dsv4_cp_patch(dsv4_core *core, dsv4_comm *comm, const dsv4_cp_config *cfg);
 /* Sums per-rank partial weight gradients over the CP group (every rank gets the total). */
-dsv4_status dsv4_cp_allreduce_grads(dsv4_comm *comm, dsv4_weights *grads);
+DSV4_API dsv4_status dsv4_cp_allreduce_grads(dsv4_comm *comm, dsv4_weights *grads);
 /* Communication counters of a patched core (zeroed by dsv4_cp_stats_reset). */
-dsv4_status dsv4_cp_get_stats(const dsv4_core *core, dsv4_cp_stats *st);
-void dsv4_cp_stats_reset(dsv4_core *core);
+DSV4_API dsv4_status dsv4_cp_get_stats(const dsv4_core *core, dsv4_cp_stats *st);
+DSV4_API void dsv4_cp_stats_reset(dsv4_core *core);
 
 #ifdef __cplusplus
 }

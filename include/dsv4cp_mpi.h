@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 /* Wraps a duplicate of comm (so library messages never match the caller's). Collective. */
-dsv4_status dsv4_comm_create_mpi(dsv4_comm **out, MPI_Comm comm);
+DSV4_API dsv4_status dsv4_comm_create_mpi(dsv4_comm **out, MPI_Comm comm);
 
 #ifdef __cplusplus
 }

@@ -24,6 +24,18 @@
 #include "util/exactsum.h"
 #include "util/slot.h"
 
+/* The core's swappable implementation: dsv4_cp_patch replaces these (src/cp/patch.c). */
+typedef struct {
+  dsv4_status (*token_map)(dsv4_core *c, const dsv4_packing *pk, int64_t n, dsv4_token_map *map);
+  dsv4_status (*forward)(dsv4_core *c, const dsv4_core_fwd_args *a);
+  dsv4_status (*backward)(dsv4_core *c, const dsv4_core_bwd_args *a);
+} dsv4_core_ops;
+
+/* The current function pointers, and a way to replace them (what dsv4_cp_patch uses). */
+dsv4_core_ops dsv4_core_get_ops(const dsv4_core *c);
+void dsv4_core_set_ops(dsv4_core *c, const dsv4_core_ops *ops, void *impl_state, void (*free_state)(void *));
+void *dsv4_core_impl_state(const dsv4_core *c);
+
 /* Rows in front of each segment in the compressor buffers: the previous window for r == 4. */
 #define CMP_HALO_ROWS(r) ((r) == 4 ? 4 : 0)
 
