@@ -1,0 +1,71 @@
+"""_structs.py: the ONLY place that mirrors C structs of include/dsv4cp.h in ctypes.
+
+Mirrors are fragile (a field added in C shifts every later offset), so:
+  * the binding reads as few fields as it can and asks the library for the rest
+    (dsv4_weights_get for names and shapes, dsv4_config_ratio for the layer kind);
+  * every mirrored struct and field is listed in MIRRORED below, and tests/test_python.py compiles a
+    small C program that prints sizeof/offsetof of each of them and compares with ctypes;
+  * a dsv4_config is always allocated with CONFIG_SLACK spare bytes behind it, so a library with a
+    larger dsv4_config than this mirror (a field appended in C before the mirror is updated) writes
+    into owned memory instead of past the end.
+"""
+import ctypes
+from ctypes import c_char_p, c_double, c_int, c_int64, c_void_p, POINTER
+
+MAX_LAYERS = 1024          # DSV4_MAX_LAYERS
+CONFIG_SLACK = 4096        # spare bytes behind every dsv4_config this binding allocates
+
+# enum values (include/dsv4cp.h)
+SPLIT_CONTIGUOUS, SPLIT_ZIGZAG = 0, 1
+STATUS_NAMES = ("DSV4_OK", "DSV4_ERR_ARG", "DSV4_ERR_CONFIG", "DSV4_ERR_IO", "DSV4_ERR_FORMAT",
+                "DSV4_ERR_TENSOR", "DSV4_ERR_NOMEM", "DSV4_ERR_LAYOUT", "DSV4_ERR_COMM", "DSV4_ERR_STATE",
+                "DSV4_ERR_UNSUPPORTED")
+
+
+class Config(ctypes.Structure):
+    """dsv4_config."""
+    _fields_ = [
+        ("dim", c_int), ("n_heads", c_int), ("head_dim", c_int), ("rope_dim", c_int),
+        ("q_lora_rank", c_int), ("o_groups", c_int), ("o_lora_rank", c_int), ("window", c_int),
+        ("index_n_heads", c_int), ("index_head_dim", c_int), ("index_topk", c_int), ("n_layers", c_int),
+        ("compress_ratios", c_int * MAX_LAYERS),
+        ("rope_theta", c_double), ("compress_rope_theta", c_double), ("rope_factor", c_double),
+        ("rope_orig_max_pos", c_double), ("beta_fast", c_double), ("beta_slow", c_double),
+        ("eps", c_double), ("index_loss_coeff", c_double),
+        ("index_loss_mode", c_int),
+    ]
+
+
+class Tensor(ctypes.Structure):
+    """dsv4_tensor."""
+    _fields_ = [("name", c_char_p), ("ndim", c_int), ("shape", c_int64 * 2), ("numel", c_int64),
+                ("data", c_void_p)]
+
+
+class Packing(ctypes.Structure):
+    """dsv4_packing."""
+    _fields_ = [("cu_seqlens", c_void_p), ("seqlens_real", c_void_p), ("n_docs", c_int), ("T", c_int64),
+                ("batched", c_int)]
+
+
+class CPConfig(ctypes.Structure):
+    """dsv4_cp_config."""
+    _fields_ = [("split", c_int), ("overlap", c_int)]
+
+
+# C type name -> (mirror, fields the binding touches); the layout test checks all fields anyway
+MIRRORED = {"dsv4_config": Config, "dsv4_tensor": Tensor, "dsv4_packing": Packing, "dsv4_cp_config": CPConfig}
+
+
+def new_config():
+    """A zeroed dsv4_config with CONFIG_SLACK spare bytes behind it. Returns (struct view, buffer);
+    keep the buffer alive as long as the view."""
+    buf = ctypes.create_string_buffer(ctypes.sizeof(Config) + CONFIG_SLACK)
+    return Config.from_buffer(buf), buf
+
+
+P_CONFIG = POINTER(Config)
+P_TENSOR = POINTER(Tensor)
+P_PACKING = POINTER(Packing)
+P_CPCONFIG = POINTER(CPConfig)
+VOIDP = c_void_p
