@@ -1,10 +1,13 @@
 #!/usr/bin/env -S /usr/bin/python3
 """test_cli.py: the command-line contract (SPEC 7) on bad input: every case must exit non-zero
 with ONE line on stderr (per rank) that names the problem, and never crash (no sanitizer report, no signal).
-Also: --help on every command, and output files written with the exact tensor names."""
+Also: --help on every command lists exactly the options it reads, run's summary line and --quiet,
+the progress line (only on a terminal), one naming of gradients, and output files written with the
+exact tensor names."""
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -22,6 +25,82 @@ def expect_error(build, name, args, needle, nranks=1):
     ok = rc not in (0, -9) and rc < 128 and len(lines) == nranks and len(set(lines)) == 1 \
         and lines[0].startswith("dsv4cp: error:") and needle.lower() in lines[0].lower()
     return T.check(ok, f"cli bad input: {name}", f"exit {rc}: {' | '.join(lines)[:300]}")
+
+
+OPTION = re.compile(r"^  --([a-z][a-z-]*)( [A-Z]+)?\s", re.M)
+# options of the shared job table (tools/job.c) and the output file: the ones commands used to list
+# without reading them
+SHARED = ("config", "preset", "layer", "weights", "input", "grad-output", "seed", "seq", "batch", "split",
+          "threads", "output")
+
+
+def help_options(build, cmd):
+    """{option: takes a value} as `dsv4cp CMD --help` lists them."""
+    rc, out, err = T.cli(build, [cmd, "--help"])
+    return {m.group(1): bool(m.group(2)) for m in OPTION.finditer(out) if m.group(1) != "help"}
+
+
+def test_help_lists_what_is_read(build):
+    """--help prints the same table the parser reads (tools/cli.c), so: every listed option is
+    accepted (all at once, then --help: exit 0), and no shared option is accepted unlisted. Plus
+    the descriptions the issue found wrong."""
+    listed = {c: help_options(build, c) for c in COMMANDS}
+    for c in COMMANDS:
+        args = [c]
+        for name, val in listed[c].items():
+            args += [f"--{name}"] + (["1"] if val else [])
+        rc, out, err = T.cli(build, args + ["--help"])
+        T.check(rc == 0 and "usage:" in out, f"cli {c}: every option --help lists is accepted ({len(listed[c])})",
+                err.strip()[-200:])
+        for name in SHARED:
+            if name in listed[c]:
+                continue
+            rc, out, err = T.cli(build, [c, f"--{name}", "1", "--help"])
+            T.check(rc != 0 and "unknown option" in err, f"cli {c}: --{name} is not listed and not accepted",
+                    f"exit {rc} {err.strip()[-120:]}")
+    rc, out, err = T.cli(build, ["plan", "--help"])
+    T.check("(required)" not in out.split("--layer", 1)[1].splitlines()[0], "cli plan --help: --layer is optional")
+    rc, out, err = T.cli(build, ["check", "--help"])
+    line = next((l for l in out.splitlines() if l.strip().startswith("--grad-output")), "")
+    T.check("dout" in line and "backward too" not in line, "cli check --help: --grad-output is the backward's dout", line)
+    expect_error(build, "check: --grad-output with --forward-only", ["check", "--preset", "tiny", "--layer", "0",
+                 "--forward-only", "--grad-output", "g.safetensors"], "--forward-only")
+
+
+def test_summary_and_progress(build, tmp):
+    out_file = os.path.join(tmp, "summary.safetensors")
+    rc, out, err = T.cli(build, ["run", "--preset", "tiny", "--layer", "1", "--seq", "64", "--output", out_file])
+    lines = out.strip().splitlines()
+    T.check(rc == 0 and len(lines) == 1 and re.match(r"run: 64 tokens, 1 rank, layer 1 CSA \(r = 4\), forward [0-9.]+ s, "
+                                                    r"wrote " + re.escape(out_file) + "$", lines[0]),
+            "cli run prints one summary line", " | ".join(lines))
+    rc, out, err = T.cli(build, ["run", "--preset", "tiny", "--layer", "0", "--seq", "64", "--quiet", "--output",
+                                 out_file], nranks=2)
+    T.check(rc == 0 and out == "" and err == "", "cli run --quiet under mpirun -np 2 prints nothing",
+            repr(out[-100:] + err[-100:]))
+    # not a terminal: no progress line anywhere
+    for args in (["train", "--preset", "tiny", "--layer", "0", "--seq", "64", "--steps", "2"],
+                 ["check", "--preset", "tiny", "--layer", "0", "--seq", "64"],
+                 ["bench", "--preset", "tiny", "--layer", "0", "--seq", "64", "--reps", "1"]):
+        rc, out, err = T.cli(build, args, nranks=2)
+        T.check(rc == 0 and "\r" not in out + err and "elapsed" not in out + err,
+                f"cli {args[0]}: no progress line when output is not a terminal", f"exit {rc} {err.strip()[-120:]}")
+    if not shutil.which("script"):
+        print("note: no `script` command: progress on a terminal not tested")
+        return
+    cmd = " ".join([os.path.join(build, "dsv4cp"), "train", "--preset", "tiny", "--layer", "0", "--seq", "64",
+                    "--steps", "2"])
+    rc, out, err = T.run(["script", "-qec", cmd, "/dev/null"], timeout=120)   # text mode: "\r" reads as "\n"
+    T.check(rc == 0 and "\033[Kdsv4cp train: step 2 of 2" in out and "elapsed" in out and "step 2  loss" in out,
+            "cli train on a terminal: progress line with elapsed time and estimate", repr(out[-160:]))
+
+
+def test_gradient_names(build):
+    """check reports gradients with the names run writes: grad.<full tensor name>."""
+    rc, out, err = T.cli(build, ["check", "--preset", "tiny", "--layer", "0", "--seq", "64"], nranks=2)
+    names = re.findall(r"^\s+(grad\.\S+)", out, re.M)
+    T.check(rc == 0 and names and all(n.startswith("grad.layers.0.attn.") for n in names),
+            "cli check names gradients grad.layers.L.attn.* like run", " ".join(names[:2]))
 
 
 def write_st(path, tensors):
@@ -44,6 +123,9 @@ def main():
         T.check(rc == 0 and "usage:" in o and "--help" in o, f"cli {c} --help")
     rc, o, e = T.cli(b, ["--help"])
     T.check(rc == 0 and all(c in o for c in COMMANDS), "cli --help lists every command")
+    test_help_lists_what_is_read(b)
+    test_summary_and_progress(b, tmp)
+    test_gradient_names(b)
     expect_error(b, "unknown command", ["frobnicate"], "unknown command")
     expect_error(b, "unknown option", ["run", "--bogus", "1"], "--bogus")
     expect_error(b, "option without its value", ["run", "--config"], "--config")

@@ -32,10 +32,14 @@ void cli_say(const cli_ctx *c, const char *fmt, ...) {
   if (c->rank != 0) return;
   va_list ap;
   va_start(ap, fmt);
+  progress_hold(c->progress);
   vprintf(fmt, ap);
-  va_end(ap);
   fflush(stdout);
+  progress_release(c->progress);
+  va_end(ap);
 }
+
+void cli_phase(cli_ctx *c, const char *name) { progress_phase(c->progress, name); }
 
 static double now(void) {
   struct timespec t;
@@ -44,6 +48,7 @@ static double now(void) {
 }
 
 void cli_abort(cli_ctx *c) {
+  progress_stop(c->progress);
   fprintf(stderr, "dsv4cp: error: %s\n", c->err[0] ? c->err : "unknown failure");
   fflush(stderr);
   if (c->size > 1) MPI_Abort(c->comm, 1);
@@ -69,6 +74,7 @@ int cli_sync(cli_ctx *c) {
     first = mine;
   }
   if (first == c->size) return 0;
+  progress_stop(c->progress);
   fprintf(stderr, "dsv4cp: error: %s\n", c->err);
   fflush(stderr);
   return 1;

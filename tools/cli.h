@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "dsv4cp.h"
+#include "progress.h"
 
 #define CLI_MSG_LEN 512
 
@@ -15,6 +16,7 @@ typedef struct {
   MPI_Comm comm;      /* the CLI's own data collectives (gathers, timings) */
   MPI_Comm sync_comm; /* only for cli_sync: never confused with a collective another rank is in */
   char err[CLI_MSG_LEN]; /* this rank's first error, empty when none */
+  progress *progress;    /* the command's progress line, or NULL (see progress.h) */
 } cli_ctx;
 
 /* Records an error on this rank (the first one wins). */
@@ -29,8 +31,10 @@ int cli_sync(cli_ctx *c);
 /* Prints this rank's error and aborts the whole job (for failures inside collective work, where
  * the other ranks may be blocked in a message that will never come). */
 void cli_abort(cli_ctx *c);
-/* Rank 0 prints to stdout (progress and results). */
+/* Rank 0 prints to stdout (results), keeping a progress line below it. */
 void cli_say(const cli_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Tells the progress line (if any) that the named phase starts (progress_phase). */
+void cli_phase(cli_ctx *c, const char *name);
 
 /* Options: --name value, or --name for flags. */
 typedef struct {

@@ -89,6 +89,9 @@ static int measure(cli_ctx *c, job *j, dsv4_layer *l, int reps, timing *tm, dsv4
   const int cp = c->size > 1;
   float loss;
   for (int r = -1; ok && r < reps; r++) { /* r = -1: warm-up */
+    char what[48] = "warm-up";
+    if (r >= 0) snprintf(what, sizeof what, "run %d of %d", r + 1, reps);
+    progress_at(c->progress, what, (double)(r + 1) / (reps + 1));
     if (r == 0 && cp) dsv4_cp_stats_reset(dsv4_layer_core(l));
     dsv4_cp_stats before = {0}, after = {0};
     if (cp) dsv4_cp_get_stats(dsv4_layer_core(l), &before);
@@ -210,12 +213,13 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
       "\n"
       "One benchmark configuration: forward and backward of one layer (CP = N under mpirun), medians of\n"
       "--reps runs after a warm-up; prints one row (--header prints the column names) and appends a JSON\n"
-      "object to --json. `make bench` (bench/run_bench.sh) runs the whole report.";
-  job_opts o = {.preset = "flash", .random_dout = 1};
+      "object to --json. `make bench` (bench/run_bench.sh) runs the whole report. On a terminal, a\n"
+      "progress line on stderr.";
+  job_opts o = {.random_dout = 1};
   const char *reps_s = NULL, *json = NULL, *threads = NULL;
   int header = 0;
   cli_opt opts[24];
-  int k = job_common_opts(&o, opts);
+  int k = job_common_opts(&o, opts, JOB_CMD_BENCH);
   opts[k++] = (cli_opt){"reps", "K", "timed repetitions after one warm-up (default 3)", &reps_s, NULL};
   opts[k++] = (cli_opt){"json", "FILE", "append the result as one JSON object per line", &json, NULL};
   opts[k++] = (cli_opt){"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL};
@@ -223,6 +227,7 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   opts[k] = (cli_opt){0};
   int p = cli_parse(c, argc, argv, 2, opts, USAGE);
   if (p == 1) return 0;
+  if (!o.preset && !o.config) o.preset = "flash";
   int64_t reps = DEFAULT_REPS;
   if (p == 0 && reps_s) cli_int(c, "reps", reps_s, 1, 1000, &reps);
   if (!c->err[0]) cli_set_threads(c, threads);
@@ -237,6 +242,9 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   timing tm = {0};
   dsv4_cp_stats st = {0};
   size_t saved = 0;
+  progress prog;
+  progress_start(&prog, c->rank, 0, "dsv4cp bench");
+  c->progress = &prog;
   if (!cli_sync(c)) {
     double gemm = sgemm_rate(c, SGEMM_REPS);
     job_make_layer(c, &j, 1, &l, &comm);
@@ -246,10 +254,13 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
       const int64_t blk = j.ratio > 0 ? j.n / j.ratio : 0;
       double blocking = blocking_allgather(c, sizeof(float) * (size_t)(blk * j.cfg.head_dim));
       if (j.ratio == 4) blocking += blocking_allgather(c, sizeof(float) * (size_t)(blk * j.cfg.index_head_dim));
+      progress_stop(&prog);
       report(c, &j, o.split ? o.split : "contiguous", (int)reps, &tm, &st, saved, gemm, blocking, json);
     }
   }
   int failed = cli_sync(c);
+  progress_stop(&prog);
+  c->progress = NULL;
   dsv4_layer_free(l);
   dsv4_comm_free(comm);
   job_free(&j);

@@ -44,7 +44,7 @@ static int compare(const job *j, const job_result *a, const job_result *b, int n
       dsv4_weights_get(a->grads, i, &ta);
       dsv4_weights_get(b->grads, i, &tb);
       char name[160];
-      snprintf(name, sizeof name, "grad.%s", ta.name);
+      job_grad_name(j, ta.name, name, sizeof name);
       ok &= report(name, ta.data, tb.data, ta.numel, TOL_GRAD, NULL);
     }
   printf("forward and top-k bitwise equal to CP = 1: %s\n", fwd_bitwise && topk_same ? "yes" : "no");
@@ -58,41 +58,56 @@ int cmd_check(cli_ctx *c, int argc, char **argv) {
       "\n"
       "Runs the layer forward and backward with CP = N, recomputes it with CP = 1 on rank 0, and prints\n"
       "the largest difference per tensor and whether forward and top-k are bitwise equal. Exit status 1\n"
-      "when a difference exceeds SPEC 6's tolerance. dout is random from --seed unless --grad-output.";
+      "when a difference exceeds SPEC 6's tolerance. dout is random from --seed unless --grad-output.\n"
+      "On a terminal, a progress line on stderr.";
   job_opts o = {.random_dout = 1};
   const char *threads = NULL;
   int fwd_only = 0;
   cli_opt opts[24];
-  int k = job_common_opts(&o, opts);
+  int k = job_common_opts(&o, opts, JOB_CMD_CHECK);
   opts[k++] = (cli_opt){"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL};
-  opts[k++] = (cli_opt){"forward-only", NULL, "skip the backward", NULL, &fwd_only};
+  opts[k++] = (cli_opt){"forward-only", NULL, "skip the backward (compare out, topk_ids and indexer_loss only)", NULL,
+                        &fwd_only};
   opts[k] = (cli_opt){0};
   int p = cli_parse(c, argc, argv, 2, opts, USAGE);
   if (p == 1) return 0;
   if (fwd_only) o.random_dout = 0;
+  if (p == 0 && fwd_only && o.grad) cli_error(c, "--grad-output is the backward's dout; --forward-only has no backward");
   if (!c->err[0]) cli_set_threads(c, threads);
   if (cli_sync(c)) return 1;
+  progress prog;
+  progress_start(&prog, c->rank, 0, "dsv4cp check");
+  c->progress = &prog;
+  progress_at(&prog, "loading", 0);
   job j, j1;
   job_result rn = {0}, r1 = {0};
   memset(&j1, 0, sizeof j1);
   job_load(c, &j, &o);
   int failed = cli_sync(c);
+  /* the CP = 1 recomputation on one rank takes about N times the CP = N run */
+  const double share = 1.0 / (1 + c->size);
   if (!failed) {
     cli_say(c, "check: running CP = %d ...\n", c->size);
+    char what[48];
+    snprintf(what, sizeof what, "CP = %d, forward%s", c->size, fwd_only ? "" : " and backward");
+    progress_at(&prog, what, 0);
     job_execute(c, &j, 1, JOB_FAST, &rn, NULL);
     failed = cli_sync(c);
   }
   if (!failed && c->rank == 0) {
     /* the one-rank recomputation: rank 0 alone, the whole input */
     cli_ctx one = {.rank = 0, .size = 1, .comm = MPI_COMM_SELF, .sync_comm = MPI_COMM_SELF};
-    printf("check: recomputing CP = 1 on rank 0 ...\n");
-    fflush(stdout);
+    cli_say(c, "check: recomputing CP = 1 on rank 0 ...\n");
+    progress_at(&prog, "CP = 1 on rank 0", share);
     job_load(&one, &j1, &o);
     if (!one.err[0]) job_execute(&one, &j1, 0, JOB_FAST, &r1, NULL);
     if (one.err[0]) cli_error(c, "CP = 1 recomputation: %s", one.err);
-    else if (!compare(&j, &rn, &r1, c->size)) cli_error(c, "CP = %d differs from CP = 1 beyond tolerance", c->size);
+    progress_stop(&prog);
+    if (!one.err[0] && !compare(&j, &rn, &r1, c->size)) cli_error(c, "CP = %d differs from CP = 1 beyond tolerance", c->size);
   }
   failed = cli_sync(c);
+  progress_stop(&prog);
+  c->progress = NULL;
   job_result_free(&rn);
   job_result_free(&r1);
   job_free(&j);

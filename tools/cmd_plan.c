@@ -56,7 +56,7 @@ int cmd_plan(cli_ctx *c, int argc, char **argv) {
   job_opts o = {0};
   const char *ranks_s = NULL;
   cli_opt opts[24];
-  int k = job_common_opts(&o, opts);
+  int k = job_common_opts(&o, opts, JOB_CMD_PLAN);
   opts[k++] = (cli_opt){"ranks", "N", "CP ranks to plan for (default 2)", &ranks_s, NULL};
   opts[k] = (cli_opt){0};
   int p = cli_parse(c, argc, argv, 2, opts, USAGE);
@@ -64,7 +64,6 @@ int cmd_plan(cli_ctx *c, int argc, char **argv) {
   int64_t N = 2;
   if (p == 0 && ranks_s) cli_int(c, "ranks", ranks_s, 1, 1 << 16, &N);
   if (p == 0 && !o.preset && !o.config) o.preset = "flash";
-  if (p == 0 && o.input) cli_error(c, "--input: plan needs only the shape; use --seq / --batch");
   if (cli_sync(c)) return 1;
   if (c->rank != 0) return cli_sync(c); /* rank 0 plans for all ranks */
   /* the job machinery on one "rank": config and packing only (no weights needed) */

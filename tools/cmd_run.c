@@ -6,14 +6,16 @@
 #include "job.h"
 
 static const char *USAGE =
-    "usage: dsv4cp run --config config.json --layer L [--weights w.safetensors] [--input in.safetensors]\n"
-    "                  [--grad-output g.safetensors] --output out.safetensors [--seed S] [--seq S --batch B]\n"
+    "usage: dsv4cp run (--config config.json | --preset NAME) --layer L [--weights w.safetensors]\n"
+    "                  [--input in.safetensors] [--grad-output g.safetensors] --output out.safetensors\n"
+    "                  [--seed S] [--seq S --batch B] [--split MODE] [--quiet]\n"
     "\n"
     "One attention layer forward (and backward with --grad-output, of sum(out * dout) + indexer_loss).\n"
     "Under mpirun -np N the sequence is split over N ranks (two-stage context parallelism); every rank\n"
-    "reads the files and takes its shard; rank 0 writes out, topk_ids, indexer_loss, dx and grad.<name>.\n"
+    "reads the files and takes its shard; rank 0 writes out, topk_ids, indexer_loss, dx and grad.<weight name>.\n"
     "Without --weights the weights are random from --seed; without --input so is x ([seq, d], or\n"
-    "[batch, seq, d] with --batch).";
+    "[batch, seq, d] with --batch). Prints one summary line (tokens, ranks, layer kind, time, output\n"
+    "file) and, on a terminal, a progress line on stderr; --quiet prints neither.";
 
 /* One line per message kind and direction: bytes and time of this rank, gathered to rank 0. */
 static void print_stats(cli_ctx *c, const dsv4_cp_stats *st) {
@@ -31,16 +33,22 @@ static void print_stats(cli_ctx *c, const dsv4_cp_stats *st) {
   free(all);
 }
 
+/* "sliding window (r = 0)", "CSA (r = 4)", "HCA (r = 128)" */
+static const char *layer_kind(int ratio) {
+  return ratio == 0 ? "sliding window (r = 0)" : ratio == 4 ? "CSA (r = 4)" : "HCA (r = 128)";
+}
+
 int cmd_run(cli_ctx *c, int argc, char **argv) {
   job_opts o = {0};
   const char *output = NULL, *threads = NULL;
-  int stats = 0, naive = 0;
+  int stats = 0, naive = 0, quiet = 0;
   cli_opt opts[24];
-  int k = job_common_opts(&o, opts);
+  int k = job_common_opts(&o, opts, JOB_CMD_RUN);
   opts[k++] = (cli_opt){"output", "FILE", "where rank 0 writes the results (required)", &output, NULL};
   opts[k++] = (cli_opt){"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL};
   opts[k++] = (cli_opt){"stats", NULL, "print bytes and time per message kind and rank (CP)", NULL, &stats};
   opts[k++] = (cli_opt){"naive", NULL, "use the naive reference path for every operator and product", NULL, &naive};
+  opts[k++] = (cli_opt){"quiet", NULL, "print nothing on success (no summary line, no progress)", NULL, &quiet};
   opts[k] = (cli_opt){0};
   int p = cli_parse(c, argc, argv, 2, opts, USAGE);
   if (p == 1) return 0;
@@ -48,19 +56,42 @@ int cmd_run(cli_ctx *c, int argc, char **argv) {
   if (!c->err[0]) cli_set_threads(c, threads);
   if (!c->err[0]) job_check_output_path(c, output);
   if (cli_sync(c)) return 1;
+  progress prog;
+  progress_start(&prog, c->rank, quiet, "dsv4cp run");
+  c->progress = &prog;
+  progress_at(&prog, "loading", 0);
   job j;
   job_load(c, &j, &o);
   if (cli_sync(c)) {
+    c->progress = NULL;
     job_free(&j);
     return 1;
   }
+  /* the backward starts after this share of the work (its FLOPs are about twice the forward's) */
+  dsv4_flops f = {0};
+  dsv4_layer_flops(&j.cfg, j.layer, &j.pk, &f);
+  const char *phases[] = {"forward", "backward"};
+  const double starts[] = {0, j.dout && f.fwd + f.bwd > 0 ? f.fwd / (f.fwd + f.bwd) : 1};
+  progress_phases(&prog, 2, phases, starts);
   job_result r;
   dsv4_cp_stats st = {0};
   job_execute(c, &j, 1, naive ? JOB_NAIVE : JOB_FAST, &r, &st);
   if (!cli_sync(c)) {
+    progress_at(&prog, "writing", 1);
     job_write(c, &j, &r, output);
-    if (!cli_sync(c) && stats && c->size > 1) print_stats(c, &st);
+    if (!cli_sync(c)) {
+      progress_stop(&prog);
+      if (stats && c->size > 1) print_stats(c, &st);
+      if (!quiet) {
+        char bwd[64] = "";
+        if (j.dout) snprintf(bwd, sizeof bwd, " + backward %.3f s", r.bwd_seconds);
+        cli_say(c, "run: %lld tokens, %d rank%s, layer %d %s, forward %.3f s%s, wrote %s\n", (long long)j.T, c->size,
+                c->size > 1 ? "s" : "", j.layer, layer_kind(j.ratio), r.fwd_seconds, bwd, output);
+      }
+    }
   }
+  progress_stop(&prog);
+  c->progress = NULL;
   int failed = c->err[0] != 0;
   job_result_free(&r);
   job_free(&j);

@@ -52,6 +52,9 @@ static void train(cli_ctx *c, job *j, int64_t steps, double lr) {
   if (cli_lib(c, dsv4_weights_create(&g, &j->cfg, j->layer))) goto done;
   const double norm = 1.0 / ((double)j->T * d);
   for (int64_t step = 1; step <= steps; step++) {
+    char what[64];
+    snprintf(what, sizeof what, "step %lld of %lld", (long long)step, (long long)steps);
+    progress_at(c->progress, what, (double)(step - 1) / (double)steps);
     float iloss = 0;
     if (cli_lib(c, dsv4_layer_forward(l, out, NULL, &iloss, j->x, n, &j->pk, 1))) goto done;
     for (int64_t i = 0; i < n; i++) {
@@ -93,11 +96,12 @@ int cmd_train(cli_ctx *c, int argc, char **argv) {
       "\n"
       "K steps of plain SGD on one layer with the objective 0.5 ||out - y||^2 / (T d) + indexer_loss\n"
       "(y seeded random); prints the loss per step. CP = 1 and CP = N print the same losses: bitwise at\n"
-      "step 1, within SPEC 6's tolerance after (weight gradients are summed in a split-dependent order).";
+      "step 1, within SPEC 6's tolerance after (weight gradients are summed in a split-dependent order).\n"
+      "On a terminal, a progress line on stderr.";
   job_opts o = {0};
   const char *threads = NULL, *steps_s = NULL, *lr_s = NULL;
   cli_opt opts[24];
-  int k = job_common_opts(&o, opts);
+  int k = job_common_opts(&o, opts, JOB_CMD_TRAIN);
   opts[k++] = (cli_opt){"steps", "K", "SGD steps (default 5)", &steps_s, NULL};
   opts[k++] = (cli_opt){"lr", "RATE", "learning rate (default 0.05)", &lr_s, NULL};
   opts[k++] = (cli_opt){"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL};
@@ -112,17 +116,21 @@ int cmd_train(cli_ctx *c, int argc, char **argv) {
     lr = strtod(lr_s, &end);
     if (!*lr_s || *end || !(lr > 0) || !isfinite(lr)) cli_error(c, "--lr: '%s' is not a positive number", lr_s);
   }
-  if (o.grad && !c->err[0]) cli_error(c, "--grad-output: train builds its own objective");
   if (!c->err[0]) cli_set_threads(c, threads);
   if (cli_sync(c)) return 1;
   job j;
   job_load(c, &j, &o);
+  progress prog;
+  progress_start(&prog, c->rank, 0, "dsv4cp train");
+  c->progress = &prog;
   if (!cli_sync(c)) {
     cli_say(c, "train: layer %d (compress ratio %d), T = %lld, CP = %d, lr %g\n", j.layer, j.ratio,
             (long long)j.T, c->size, lr);
     train(c, &j, steps, lr);
   }
   int failed = cli_sync(c);
+  progress_stop(&prog);
+  c->progress = NULL;
   job_free(&j);
   return failed;
 }

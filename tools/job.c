@@ -14,23 +14,47 @@
 #include "util/rng.h"
 
 #define DEFAULT_SEQ 256
+#define DSV4_XSTR(v) #v
+#define DSV4_STR(v) DSV4_XSTR(v)
 #define RANDOM_X_STREAM "input.x"
 #define RANDOM_DOUT_STREAM "input.dout"
 
-int job_common_opts(job_opts *o, cli_opt *opts) {
-  const cli_opt common[] = {
-      {"config", "FILE", "Hugging Face style config.json (required unless --preset)", &o->config, NULL},
-      {"preset", "NAME", "built-in config instead of --config: flash, pro or tiny", &o->preset, NULL},
-      {"layer", "L", "layer index; its compress ratio picks the layer kind (required)", &o->layer, NULL},
-      {"weights", "FILE", "safetensors with the layer's tensors (default: random from --seed)", &o->weights, NULL},
-      {"input", "FILE", "safetensors with x [T, d] (+ cu_seqlens, seqlens_real) or x [B, S, d]", &o->input, NULL},
-      {"grad-output", "FILE", "safetensors with dout (shape of out): run the backward too", &o->grad, NULL},
-      {"seed", "S", "seed of random weights and input (default 0)", &o->seed, NULL},
-      {"seq", "S", "random input: tokens per sequence (default 256)", &o->seq, NULL},
-      {"batch", "B", "random input: B sequences of --seq tokens, as [B, S, d]", &o->batch, NULL},
-      {"split", "MODE", "CP split: contiguous (default) or zigzag", &o->split, NULL}};
-  const int n = (int)(sizeof common / sizeof common[0]);
-  for (int i = 0; i < n; i++) opts[i] = common[i];
+int job_common_opts(job_opts *o, cli_opt *opts, job_cmd cmd) {
+  const int plan = cmd == JOB_CMD_PLAN, flash_default = cmd == JOB_CMD_BENCH || plan;
+  int n = 0;
+  opts[n++] = (cli_opt){"config", "FILE",
+                        flash_default ? "Hugging Face style config.json (default: --preset flash)"
+                                      : "Hugging Face style config.json (required unless --preset)",
+                        &o->config, NULL};
+  opts[n++] = (cli_opt){"preset", "NAME",
+                        flash_default ? "built-in config instead of --config: flash (default), pro or tiny"
+                                      : "built-in config instead of --config: flash, pro or tiny",
+                        &o->preset, NULL};
+  opts[n++] = (cli_opt){"layer", "L",
+                        plan ? "only this layer (default: the first layer of each compress ratio)"
+                             : "layer index; its compress ratio picks the layer kind (required)",
+                        &o->layer, NULL};
+  if (!plan) {
+    opts[n++] = (cli_opt){"weights", "FILE", "safetensors with the layer's tensors (default: random from --seed)", &o->weights, NULL};
+    opts[n++] = (cli_opt){"input", "FILE", "x [T, d] (+ cu_seqlens, seqlens_real) or x [B, S, d] "
+                          "(default: random from --seed)", &o->input, NULL};
+  }
+  if (cmd == JOB_CMD_RUN)
+    opts[n++] = (cli_opt){"grad-output", "FILE", "safetensors with dout (shape of out): run the backward too",
+                          &o->grad, NULL};
+  if (cmd == JOB_CMD_CHECK || cmd == JOB_CMD_BENCH)
+    opts[n++] = (cli_opt){"grad-output", "FILE", "safetensors with the backward's dout (default: random from --seed)",
+                          &o->grad, NULL};
+  if (!plan) opts[n++] = (cli_opt){"seed", "S", "seed of random weights and input (default 0)", &o->seed, NULL};
+  opts[n++] = (cli_opt){"seq", "S",
+                        plan ? "tokens per sequence (default 4096)"
+                             : "random input: tokens per sequence (default " DSV4_STR(DEFAULT_SEQ) ")",
+                        &o->seq, NULL};
+  opts[n++] = (cli_opt){"batch", "B",
+                        plan ? "B sequences of --seq tokens (default 1)"
+                             : "random input: B sequences of --seq tokens, as [B, S, d]",
+                        &o->batch, NULL};
+  opts[n++] = (cli_opt){"split", "MODE", "CP split: contiguous (default) or zigzag", &o->split, NULL};
   return n;
 }
 
@@ -316,6 +340,10 @@ void job_check_output_path(cli_ctx *c, const char *path) {
   free(copy);
 }
 
+void job_grad_name(const job *j, const char *short_name, char *buf, size_t n) {
+  snprintf(buf, n, "grad.%s%s", dsv4_weights_prefix(j->w), short_name);
+}
+
 void job_write(cli_ctx *c, const job *j, const job_result *r, const char *path) {
   if (c->rank != 0) return;
   dsv4_st_writer *w = NULL;
@@ -333,7 +361,7 @@ void job_write(cli_ctx *c, const job *j, const job_result *r, const char *path) 
     for (int i = 0; i < dsv4_weights_count(r->grads) && i < 64 && !bad; i++) {
       dsv4_tensor t;
       dsv4_weights_get(r->grads, i, &t);
-      snprintf(names[i], sizeof names[i], "grad.%s%s", dsv4_weights_prefix(j->w), t.name);
+      job_grad_name(j, t.name, names[i], sizeof names[i]);
       bad = cli_lib(c, dsv4_st_writer_add(w, names[i], DSV4_DT_F32, t.ndim, t.shape, t.data));
     }
   }
@@ -388,6 +416,7 @@ void job_execute(cli_ctx *c, job *j, int cp, job_path path, job_result *r, dsv4_
     goto done;
   }
   MPI_Barrier(c->comm);
+  cli_phase(c, "forward");
   double t0 = MPI_Wtime();
   if (cli_lib(c, dsv4_layer_forward(l, out, topk, &r->loss, j->x, n, &j->pk, j->dout != NULL))) goto done;
   r->fwd_seconds = MPI_Wtime() - t0;
@@ -398,6 +427,7 @@ void job_execute(cli_ctx *c, job *j, int cp, job_path path, job_result *r, dsv4_
       goto done;
     }
     if (cli_lib(c, dsv4_weights_create(&grads, &j->cfg, j->layer))) goto done;
+    cli_phase(c, "backward");
     t0 = MPI_Wtime();
     if (cli_lib(c, dsv4_layer_backward(l, dx, grads, j->dout, 1.0f))) goto done;
     if (use_cp && cli_lib(c, dsv4_cp_allreduce_grads(comm, grads))) goto done;

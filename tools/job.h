@@ -29,8 +29,12 @@ typedef struct {
   float *dout;         /* [n, d] or NULL */
 } job;
 
-/* Writes the options every layer command shares into opts (returns how many; at most 16). */
-int job_common_opts(job_opts *o, cli_opt *opts);
+/* The commands that share the job options. Each reads a different subset (train builds its own
+ * objective so has no --grad-output; plan needs only shapes), and --help lists exactly that. */
+typedef enum { JOB_CMD_RUN, JOB_CMD_CHECK, JOB_CMD_TRAIN, JOB_CMD_BENCH, JOB_CMD_PLAN } job_cmd;
+
+/* Writes the shared options command `cmd` reads into opts (returns how many; at most 16). */
+int job_common_opts(job_opts *o, cli_opt *opts, job_cmd cmd);
 
 /* Loads everything on every rank; errors are recorded in c (check with cli_sync). */
 void job_load(cli_ctx *c, job *j, const job_opts *o);
@@ -68,6 +72,10 @@ int job_make_layer(cli_ctx *c, job *j, int cp, dsv4_layer **l, dsv4_comm **comm)
 
 /* max |a - b| and max |b| over n values. */
 void job_diff(const float *a, const float *b, int64_t n, double *max_diff, double *max_ref);
+
+/* The name of a weight's gradient everywhere (files, reports): "grad." + the tensor's full name as
+ * the weights file has it (SPEC 7), e.g. grad.layers.2.attn.wq_a.weight. */
+void job_grad_name(const job *j, const char *short_name, char *buf, size_t n);
 
 /* Writes out.safetensors on rank 0 with the names of SPEC 7. */
 void job_write(cli_ctx *c, const job *j, const job_result *r, const char *path);
