@@ -53,6 +53,8 @@ echo "== command line"
 run "cli" $PY tests/test_cli.py --build "$BUILD"
 echo "== PyTorch binding (python/dsv4cp)"
 run "python" $PY tests/test_python.py --build "$BUILD"
+echo "== examples and the README program"
+run "examples" $PY tests/test_examples.py --build "$BUILD"
 echo "== benchmark smoke run"
 run "bench smoke" $PY tests/test_bench_smoke.py --build "$BUILD"
 
