@@ -31,6 +31,13 @@ fail:
   return rc;
 }
 
+/* Forgets the saved state of the last training forward (buffers stay in the core's slots). */
+void dsv4_core_saved_free(dsv4_core_saved *sv) {
+  dsv4_docs_free(&sv->docs);
+  dsv4_layout_free(&sv->lay);
+  memset(sv, 0, sizeof *sv);
+}
+
 /* ---- one-rank exchange -------------------------------------------------------------------- */
 
 /* One segment covering the whole stream; blocks are the global blocks, so the gather index is

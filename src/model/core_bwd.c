@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "core_internal.h"
-#include "cp/layout.h"
+#include "ops/placement.h"
 #include "model/weights.h"
 #include "util/err.h"
 

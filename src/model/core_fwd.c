@@ -9,16 +9,10 @@
 
 #include "core_internal.h"
 #include "model/weights.h"
-#include "cp/layout.h"
+#include "ops/placement.h"
 #include "ops/sparse_attn.h"
 #include "util/err.h"
 #include "util/gemm.h"
-
-void dsv4_core_saved_free(dsv4_core_saved *sv) {
-  dsv4_docs_free(&sv->docs);
-  dsv4_layout_free(&sv->lay);
-  memset(sv, 0, sizeof *sv);
-}
 
 /* Y rows of every segment = X rows . W^T, in the global panels of util/gemm.h. Y's rows for
  * segment s start at y_row(s); X is [n, K] in local row order. */

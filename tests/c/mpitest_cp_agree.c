@@ -20,7 +20,7 @@ typedef struct {
 
 static int make(setup *s, int window, MPI_Comm world) {
   memset(s, 0, sizeof *s);
-  dsv4_config_preset(&s->cfg, "tiny");
+  if (dsv4_config_preset(&s->cfg, "tiny") != DSV4_OK) return 0;
   s->cfg.window = window;
   return dsv4_weights_create(&s->w, &s->cfg, 1) == DSV4_OK && dsv4_weights_init_random(s->w, 7) == DSV4_OK &&
          dsv4_layer_create(&s->l, &s->cfg, 1, s->w) == DSV4_OK && dsv4_comm_create_mpi(&s->comm, world) == DSV4_OK &&

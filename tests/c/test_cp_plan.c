@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cp/layout.h"
+#include "ops/placement.h"
 #include "cp/plan.h"
 #include "cp/shard.h"
 #include "testutil.h"
