@@ -1,5 +1,5 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""py_bad_input.py CASE_DIR LAYER (a packed case, r = 0 so that any T is a valid packing): bad input to dsv4cp.Attention, run under `mpirun -np N` (or
+"""py_bad_input.py CASE_DIR LAYER (a packed case): bad input to dsv4cp.Attention, run under `mpirun -np N` (or
 alone). For every case each rank prints one line
 
     rank R case NAME: raised TYPE: MESSAGE        or        rank R case NAME: no exception

@@ -32,16 +32,19 @@ MPIRUN = ["mpirun", "--quiet", "--oversubscribe", "--allow-run-as-root"]
 FAIL_SECONDS = 60   # an mpirun whose ranks all raise must be over well within this
 
 # CP = 1 against the reference: name -> (tests/ref/cases.py name)
-REF_CASES = ("swa_packed", "swa_batch", "csa_packed", "csa_batch", "csa_ties", "hca_packed", "hca_batch")
-# CP cases (test_cp.py's, valid for the current packing rules) and the splits run at each N
+REF_CASES = ("swa_packed", "swa_batch", "csa_packed", "csa_batch", "csa_ties", "csa_unpadded", "csa_batch_unaligned",
+             "hca_packed", "hca_batch", "hca_unpadded")
+# CP cases (test_cp.py's) and the splits run at each N
 CP_CASES = {
     "cp_csa_doc_boundary": {2: ("contiguous", "zigzag"), 3: ("contiguous",)},
-    "cp_hca_packed": {2: ("contiguous",), 3: ("contiguous",)},
-    "cp_csa_batch": {2: ("contiguous", "zigzag")},
+    "cp_csa_unpadded_mix": {2: ("zigzag",), 3: ("contiguous",)},      # documents of 1..13 tokens
+    "cp_hca_straddle": {2: ("contiguous",), 3: ("contiguous",)},      # slots across rank boundaries
+    "cp_csa_batch_unaligned": {2: ("contiguous",), 3: ("contiguous",)},  # S % r != 0
+    "cp_csa_batch": {2: ("zigzag",)},
     "cp_swa_packed": {3: ("contiguous",)},
 }
-BAD_CASE = "cp_swa_packed"   # r = 0: any T is a valid packing, so T % N is what fails
-# case -> needle of the expected message (lower case); None: any exception
+BAD_CASE = "cp_swa_packed"
+# case -> needle of the expected message (lower case; a tuple: any of them); None: any exception
 BAD_EXPECT = {
     "wrong width": "width", "wrong width on the last rank only": "width", "integer x": "float",
     "cu_seqlens not increasing": "cu_seqlens", "cu_seqlens not ending at T": None,
@@ -49,7 +52,7 @@ BAD_EXPECT = {
     "config file missing": "missing", "layer out of range": "layer 99", "weights file missing on rank 0": "missing",
     "backward of a stale forward": "earlier forward",
 }
-BAD_EXPECT_CP = {"cu_seqlens different on rank 0": "disagree", "T not divisible by N": "divisible",
+BAD_EXPECT_CP = {"cu_seqlens different on rank 0": "disagree", "T not divisible by N": ("divisible", "multiple"),
                  "rows not T/N on rank 0": "rows"}
 
 
@@ -60,7 +63,7 @@ def tail(text, n=300):
 
 def cp_case_args(name):
     import test_cp
-    return test_cp.CP_CASES[name]
+    return test_cp.CP_CASES[name] if name in test_cp.CP_CASES else test_cp.UNPADDED_CASES[name][0]
 
 
 # ---- ctypes mirrors ------------------------------------------------------------------------------
@@ -238,7 +241,9 @@ def test_bad_input(build):
         expect = dict(BAD_EXPECT, **(BAD_EXPECT_CP if n > 1 else {}))
         for case, needle in expect.items():
             per = results.get(case, {})
-            raised = [r for r, (typ, msg) in per.items() if typ and (needle is None or needle in msg.lower())]
+            needles = (needle,) if isinstance(needle, str) else needle
+            raised = [r for r, (typ, msg) in per.items()
+                      if typ and (needles is None or any(k in msg.lower() for k in needles))]
             msg = next(iter(per.values()), ("", ""))[1] if per else "no output"
             T.check(len(raised) == n and len(per) == n, f"python bad input N={n}: {case}: raises on every rank",
                     f"{len(raised)}/{n} ranks: {msg[:120]}")

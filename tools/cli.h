@@ -60,5 +60,6 @@ int cmd_check(cli_ctx *c, int argc, char **argv);
 int cmd_train(cli_ctx *c, int argc, char **argv);
 int cmd_bench(cli_ctx *c, int argc, char **argv);
 int cmd_plan(cli_ctx *c, int argc, char **argv);
+int cmd_info(cli_ctx *c, int argc, char **argv);
 
 #endif

@@ -14,9 +14,9 @@
 #define PROGRESS_MAX_PHASES 8
 
 typedef struct {
-  int on;                      /* drawing (rank 0, stderr a terminal, not silenced) */
+  int on; /* drawing (rank 0, stderr a terminal, not silenced) */
   char title[64], label[64];
-  double t0, mark, done;       /* start, time of the last progress_at, fraction done then */
+  double t0, mark, done; /* start, time of the last progress_at, fraction done then */
   const char *phase[PROGRESS_MAX_PHASES];
   double phase_done[PROGRESS_MAX_PHASES];
   int n_phases;
