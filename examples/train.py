@@ -33,7 +33,7 @@ CONFIG = {
     "index_n_heads": 2, "index_head_dim": 16, "index_topk": 4,
     "compress_ratios": [0, 4, 128],
 }
-DOCS = [(40, 40), (24, 21)]     # (length in the stream, real tokens): the second document is padded
+DOCS = [(37, 37), (27, 21)]     # (length in the stream, real tokens): any lengths; the second is padded
 
 
 def main():
