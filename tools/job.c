@@ -30,7 +30,9 @@ int job_common_opts(job_opts *o, cli_opt *opts) {
       {"batch", "B", "random input: B sequences of --seq tokens, as [B, S, d]", &o->batch, NULL},
       {"doc-lengths", "MIN:MAX", "random input: pack documents of lengths drawn from [MIN, MAX] (seeded)",
        &o->doc_lengths, NULL},
-      {"split", "MODE", "CP split: contiguous (default) or zigzag", &o->split, NULL}};
+      {"split", "MODE", "CP split: contiguous (default) or zigzag", &o->split, NULL},
+      {"recompute", NULL, "keep fewer activations and rebuild q, o in the backward (same results)", NULL,
+       &o->recompute}};
   const int n = (int)(sizeof common / sizeof common[0]);
   for (int i = 0; i < n; i++) opts[i] = common[i];
   return n;
@@ -53,6 +55,7 @@ static void load_config(cli_ctx *c, job *j, const job_opts *o) {
   if (cli_int(c, "layer", o->layer, 0, j->cfg.n_layers - 1, &v)) return;
   j->layer = (int)v;
   j->ratio = dsv4_config_ratio(&j->cfg, j->layer);
+  j->recompute = o->recompute;
   if (o->seed && cli_int(c, "seed", o->seed, 0, INT64_MAX, &v) == 0) j->seed = (uint64_t)v;
   job_parse_split(c, o, &j->cp);
 }
@@ -393,6 +396,7 @@ int job_make_layer(cli_ctx *c, job *j, int cp, dsv4_layer **l, dsv4_comm **comm)
   *l = NULL;
   *comm = NULL;
   if (cli_lib(c, dsv4_layer_create(l, &j->cfg, j->layer, j->w))) return 1;
+  if (j->recompute && cli_lib(c, dsv4_layer_set_recompute(*l, 1))) return 1;
   if (!cp || c->size == 1) return 0;
   if (cli_lib(c, dsv4_comm_create_mpi(comm, c->comm))) return 1;
   return cli_lib(c, dsv4_cp_patch(dsv4_layer_core(*l), *comm, &j->cp));

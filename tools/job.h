@@ -8,6 +8,7 @@
 typedef struct {
   const char *config, *layer, *weights, *input, *grad, *seed, *seq, *batch, *split, *preset, *doc_lengths;
   int random_dout; /* without grad: dout from the seed (check, demo) */
+  int recompute;   /* --recompute: keep fewer activations, rebuild them in the backward */
 } job_opts;
 
 typedef struct {
@@ -22,6 +23,7 @@ typedef struct {
   int n_docs;
   dsv4_packing pk;
   dsv4_cp_config cp;
+  int recompute;
   /* this rank's shard */
   int64_t n;
   int64_t *rows;       /* [n] global row of each local row */

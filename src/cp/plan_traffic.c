@@ -108,7 +108,7 @@ dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_pa
   const dsv4_layout *l = &p.lays[rank];
   const int r = p.docs.ratio;
   *saved_bytes = dsv4_saved_bytes_formula(cfg, r, l->n, l->R_kv, size > 1, r > 0 ? l->R_c : 0, l->n_own,
-                                          p.docs.n_cmp);
+                                          p.docs.n_cmp, 0);
 fail:
   plan_free(&p);
   return rc;
