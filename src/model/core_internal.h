@@ -193,6 +193,10 @@ void dsv4_core_saved_free(dsv4_core_saved *sv);
 size_t dsv4_saved_bytes_formula(const dsv4_config *c, int ratio, int64_t n, int64_t R_kv, int ext_kv,
                                 int64_t R_c, int64_t n_slot, int64_t n_cmp, int recompute);
 
+/* Bytes of the buffers held besides the saved activations after a training call (memory.c). */
+size_t dsv4_transient_bytes_formula(const dsv4_config *c, int ratio, const dsv4_layout *lay, int64_t n_cmp,
+                                    int64_t max_doc, int recompute, int threads);
+
 /* Rows are processed in chunks of at most DSV4_CHUNK_ROWS local rows that never cross a global
  * multiple of it (so projection panels, whose size divides it, are never split) nor a segment
  * boundary. The backward always uses these chunks, with or without recomputation, so both give
