@@ -51,6 +51,8 @@ echo "== context parallelism (mpirun -np 1..4)"
 run "cp" $PY tests/test_cp.py --build "$BUILD"
 echo "== command line"
 run "cli" $PY tests/test_cli.py --build "$BUILD"
+echo "== installed library (pkg-config, exported symbols)"
+run "install" $PY tests/test_install.py --build "$BUILD"
 echo "== benchmark smoke run"
 run "bench smoke" $PY tests/test_bench_smoke.py --build "$BUILD"
 
