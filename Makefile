@@ -10,6 +10,7 @@ BUILD    ?= build
 PREFIX   ?= /usr/local
 PYTHON   ?= /usr/bin/python3
 
+VERSION  := $(shell sed -n 's/^\#define DSV4_VERSION_STRING "\(.*\)"/\1/p' include/dsv4cp.h)
 BLAS_INC := /usr/include/x86_64-linux-gnu/openblas-openmp
 BLAS_LIB := /usr/lib/x86_64-linux-gnu/openblas-openmp
 MPI_INC  := $(shell mpicc --showme:compile 2>/dev/null)
@@ -93,7 +94,8 @@ install: all
 	install -m 644 $(BUILD)/libdsv4cp.a $(PREFIX)/lib/
 	install -m 755 $(BUILD)/libdsv4cp.so $(PREFIX)/lib/
 	install -m 755 $(BUILD)/dsv4cp $(PREFIX)/bin/
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@BLAS_LIB@|$(BLAS_LIB)|' -e 's|@MPI_LIB@|$(MPI_LIB)|' dsv4cp.pc.in > $(PREFIX)/lib/pkgconfig/dsv4cp.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@BLAS_LIB@|$(BLAS_LIB)|' -e 's|@MPI_LIB@|$(MPI_LIB)|' \
+	    -e 's|@VERSION@|$(VERSION)|' dsv4cp.pc.in > $(PREFIX)/lib/pkgconfig/dsv4cp.pc
 
 clean:
 	rm -rf build build-asan

@@ -356,6 +356,12 @@ DSV4_API void dsv4_layer_free(dsv4_layer *l);
 DSV4_API dsv4_core *dsv4_layer_core(dsv4_layer *l);
 /* NAIVE: reference loops for every product and operator (slow; for self-checks). */
 DSV4_API void dsv4_layer_set_impl(dsv4_layer *l, dsv4_impl impl);
+/* on = 1: recomputation. A training forward keeps neither the queries q nor the attention output o
+ * (2 H D floats per row, most of what the layer keeps) nor the indexer queries; the backward
+ * rebuilds them chunk by chunk (DSV4_CHUNK_ROWS rows at a time), so transient buffers stay bounded
+ * too. Results (forward and backward) are bitwise the same as without it; the cost is one more
+ * query projection and attention forward in the backward. Forgets a pending training forward. */
+DSV4_API dsv4_status dsv4_layer_set_recompute(dsv4_layer *l, int on);
 
 /* Forward over the n local rows of x. out: [n, d] overwritten (zero on padding rows);
  * topk_ids: [n, k] (r == 4; may be NULL); indexer_loss: [1] (r == 4; may be NULL).
@@ -426,13 +432,35 @@ typedef struct {
 DSV4_API const char *dsv4_msg_kind_name(dsv4_msg_kind k);
 
 /* The plan of one layer forward + backward under CP, computed on the host (docs/cp.md): bytes and
- * messages per kind for rank `rank` of `size` (what dsv4_cp_get_stats measures, exactly), and the
- * bytes a rank holds: the weight set (its gradients take as much again) and the activations saved
- * for the backward. */
+ * messages per kind for rank `rank` of `size` (what dsv4_cp_get_stats measures, exactly). */
 DSV4_API dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
-                                 const dsv4_cp_config *cp, int rank, int size, dsv4_cp_stats *out);
-DSV4_API dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_cp_config *cp,
-                                int rank, int size, size_t *weights_bytes, size_t *saved_bytes);
+                                          const dsv4_cp_config *cp, int rank, int size, dsv4_cp_stats *out);
+/* The same for every rank at once (out: [size]); much faster than size calls for large size. */
+DSV4_API dsv4_status dsv4_cp_plan_traffic_all(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                              const dsv4_cp_config *cp, int size, dsv4_cp_stats *out);
+
+/* How a layer will be run, for planning its memory. */
+typedef struct {
+  int recompute;     /* dsv4_layer_set_recompute */
+  int threads;       /* OpenMP threads per rank (per-thread scratch); 0 = 1 */
+} dsv4_plan_opts;
+
+/* What one rank holds for one layer forward + backward, in bytes. */
+typedef struct {
+  uint64_t weights;    /* the layer's weight set (fp32) */
+  uint64_t grads;      /* its gradients (as large) */
+  uint64_t saved;      /* activations a training forward keeps for the backward (dsv4_layer_saved_bytes) */
+  uint64_t replicated; /* of saved: the global compressed kv and indexer keys every rank holds whole:
+                          they grow with T, not with T / N */
+  uint64_t transient;  /* the library's other buffers at the peak (temporaries stay in per-object
+                          buffers between calls) and per-call scratch */
+  uint64_t io;         /* the caller's per-rank x, dout, out, dx and top-k ids */
+  uint64_t total;      /* the sum of the above but replicated (already in saved) */
+} dsv4_memory_plan;
+
+DSV4_API dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                         const dsv4_cp_config *cp, const dsv4_plan_opts *opts, int rank, int size,
+                                         dsv4_memory_plan *out);
 
 /* The global rows rank `rank` of `size` holds (SPEC 5): for the contiguous split the slice
  * [rank L, (rank+1) L) of the stream, L = T / size (for batched input the same slice of every

@@ -84,7 +84,6 @@ def stale():
 
 
 attempt("backward of a stale forward", stale)
-attempt("recompute", lambda: dsv4cp.Attention(cfg, layer, comm=comm if N > 1 else None, recompute=True))
 
 # still healthy: the same result as a fresh module
 fresh = dsv4cp.Attention(cfg, layer, comm=comm if N > 1 else None)

@@ -6,7 +6,8 @@ same files in, same tensor names out, so testlib.compare_ref / compare_cp judge 
   (under mpirun -np N: CP = N with mpi4py; every rank reads its own rows, rank 0 writes)
 
 JOB.json: {"config", "layer", "weights", "input", "grad" (optional), "output", "split" (optional),
-"state_dict": true to load the weights through load_state_dict instead of load_weights}.
+"state_dict": true to load the weights through load_state_dict instead of load_weights, "recompute": true
+for recompute=True}.
 
 --order decides what is imported before dsv4cp (the OpenBLAS kernel question, see
 python/dsv4cp/_lib.py): torch first (default, what users do), dsv4cp first, or numpy loaded with
@@ -40,7 +41,8 @@ def run_job(job, comm):
     import torch
     import dsv4cp
     import st
-    attn = dsv4cp.Attention(job["config"], job["layer"], comm=comm, split=job.get("split", "contiguous"))
+    attn = dsv4cp.Attention(job["config"], job["layer"], comm=comm, split=job.get("split", "contiguous"),
+                            recompute=bool(job.get("recompute")))
     if job.get("state_dict"):
         stored = st.read(job["weights"])
         prefix = f"layers.{job['layer']}."

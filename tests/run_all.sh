@@ -55,6 +55,8 @@ echo "== PyTorch binding (python/dsv4cp)"
 run "python" $PY tests/test_python.py --build "$BUILD"
 echo "== examples and the README program"
 run "examples" $PY tests/test_examples.py --build "$BUILD"
+echo "== installed library (pkg-config, exported symbols)"
+run "install" $PY tests/test_install.py --build "$BUILD"
 echo "== benchmark smoke run"
 run "bench smoke" $PY tests/test_bench_smoke.py --build "$BUILD"
 

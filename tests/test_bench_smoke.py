@@ -22,7 +22,7 @@ def main():
     res = os.path.join(out, "results.jsonl")
     # the last two: randomly packed documents (any length) with windows straddling rank boundaries
     runs = ((1, 1, []), (2, 1, []), (2, 2, []), (3, 1, ["--doc-lengths", "5:40"]),
-            (4, 2, ["--doc-lengths", "50:300", "--split", "zigzag"]))
+            (4, 2, ["--doc-lengths", "50:300", "--split", "zigzag"]), (2, 1, ["--recompute"]))
     for n, layer, extra in runs:
         rc, o, e = T.cli(a.build, ["bench", "--preset", "tiny", "--layer", str(layer), "--seq", "768", "--reps", "1",
                                    "--threads", "1", "--json", res] + extra, nranks=n, timeout=120)
@@ -34,8 +34,11 @@ def main():
     T.check(multi and all(r["bytes_match_plan"] is True for r in multi), "bench smoke: measured bytes == plan",
             str([r["bytes_match_plan"] for r in multi]))
     T.check(recs and all(r["saved_bytes_match_plan"] is True for r in recs),
-            "bench smoke: bytes saved for the backward == plan (every rank)",
+            "bench smoke: bytes saved for the backward == plan (every rank, with and without recomputation)",
             str([r["saved_bytes_match_plan"] for r in recs]))
+    T.check(len(recs) == len(runs) and recs[-1]["recompute"] is True and 0 < recs[-1]["saved_activation_mb"] <
+            recs[1]["saved_activation_mb"], "bench smoke: --recompute keeps fewer activations than the default",
+            str([(r.get("recompute"), r.get("saved_activation_mb")) for r in recs]))
     rc, o, e = T.run([T.PYTHON, os.path.join(T.ROOT, "bench", "report.py"), out], timeout=120)
     T.check(rc == 0 and os.path.exists(os.path.join(out, "report.txt")) and
             all(os.path.exists(os.path.join(out, f)) for f in ("time_vs_length.png", "scaling.png", "bytes_per_rank.png")),
@@ -43,6 +46,24 @@ def main():
     rc, o, e = T.cli(a.build, ["plan", "--preset", "flash", "--seq", "4096", "--ranks", "4"])
     T.check(rc == 0 and "slot_allgather" in o and "window_halo" in o and "compressor_halo" in o,
             "plan prints every message kind of each layer kind", e.strip()[-200:])
+    # cluster sizing: 1M tokens on 64 ranks, compact (<= 160 columns), full detail in JSON
+    pj = os.path.join(out, "plan.json")
+    rc, o, e = T.cli(a.build, ["plan", "--seq", "1048576", "--ranks", "64", "--recompute", "--json", pj,
+                               "--memory-budget", "80G"])
+    width = max((len(l) for l in o.splitlines()), default=0)
+    T.check(rc == 0 and width <= 160 and len(o.splitlines()) < 60 and o.count("longest sequence") == 3,
+            f"plan at 1M tokens and 64 ranks: {len(o.splitlines())} lines of at most {width} columns, a fit per kind",
+            e.strip()[-200:])
+    try:
+        plan = json.load(open(pj))
+        mems = [r["memory"] for l in plan["layers"] for r in l["per_rank"]]
+        ok = (len(plan["layers"]) == 3 and all(len(l["per_rank"]) == 64 for l in plan["layers"]) and
+              all(m["total"] == m["weights"] + m["grads"] + m["saved"] + m["transient"] + m["io"] and
+                  m["replicated"] <= m["saved"] for m in mems))
+    except (OSError, ValueError, KeyError) as ex:
+        ok, mems = False, str(ex)
+    T.check(ok, "plan --json: every rank of every layer kind, memory parts adding up to the total")
+
     return T.finish()
 
 

@@ -18,6 +18,8 @@ import re
 import sys
 import time
 
+import numpy as np
+
 import testlib as T
 
 # name -> gen_case arguments. Tiny dims (gen_case defaults: d 32, 4 heads x 16, window 8, top-k 4).
@@ -113,6 +115,27 @@ def run_case(build, name, args, bitwise, ranks=RANKS, ref_each=True):
             if ref_each:
                 ok, line = T.compare_ref(outp, os.path.join(d, "exp.safetensors"), name)
                 T.check(ok, f"{tag} vs float64 reference", line)
+
+
+def test_recompute_bytes(build):
+    """`run --recompute` writes byte for byte the file `run` writes, at N = 1 and 2 (every layer kind,
+    a stream of three backward chunks and documents of any length)."""
+    x = os.path.join(T.golden_dir(build), "rc_in.safetensors")
+    g = os.path.join(T.golden_dir(build), "rc_dout.safetensors")
+    rng = np.random.default_rng(7)
+    T.st.write(x, {"x": rng.standard_normal((2600, 64)).astype(np.float32),
+                   "cu_seqlens": np.array([0, 700, 1503, 2599, 2600], dtype=np.int32)})
+    T.st.write(g, {"dout": rng.standard_normal((2600, 64)).astype(np.float32)})
+    for layer in (0, 1, 2):
+        for n in (1, 2):
+            files = []
+            for flag in ([], ["--recompute"]):
+                out = os.path.join(T.golden_dir(build), f"rc{layer}_{n}{'r' if flag else ''}.safetensors")
+                rc, o, e = T.cli(build, ["run", "--preset", "tiny", "--layer", str(layer), "--input", x,
+                                         "--grad-output", g, "--output", out] + flag, nranks=n, timeout=300)
+                files.append(out if rc == 0 else None)
+            same = all(files) and open(files[0], "rb").read() == open(files[1], "rb").read()
+            T.check(same, f"cp run --recompute == run byte for byte: tiny layer {layer}, N={n}")
 
 
 def test_sweep(build, bitwise):
@@ -280,6 +303,7 @@ def main():
             args, ranks = UNPADDED_CASES[name]
             run_case(a.build, name, args, bitwise, ranks=ranks, ref_each=False)
     if not a.cases:
+        test_recompute_bytes(a.build)
         test_sweep(a.build, bitwise)
         test_random_against_reference(a.build, bitwise)
         test_loud_failures(a.build)

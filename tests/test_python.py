@@ -43,6 +43,8 @@ CP_CASES = {
     "cp_csa_batch": {2: ("zigzag",)},
     "cp_swa_packed": {3: ("contiguous",)},
 }
+# with recompute=True as well: every tensor bitwise equal to the same run without it
+RECOMPUTE_CP = {"cp_csa_unpadded_mix": (2, "zigzag"), "cp_hca_straddle": (3, "contiguous")}
 BAD_CASE = "cp_swa_packed"
 # case -> needle of the expected message (lower case; a tuple: any of them); None: any exception
 BAD_EXPECT = {
@@ -109,10 +111,10 @@ def test_struct_mirrors(build):
 
 # ---- files in, files out ---------------------------------------------------------------------------
 
-def job_file(d, layer, output, jobs_dir, split="contiguous", state_dict=False, grad=True):
+def job_file(d, layer, output, jobs_dir, split="contiguous", state_dict=False, grad=True, recompute=False):
     job = {"config": os.path.join(d, "config.json"), "layer": layer,
            "weights": os.path.join(d, "weights.safetensors"), "input": os.path.join(d, "in.safetensors"),
-           "output": output, "split": split, "state_dict": state_dict}
+           "output": output, "split": split, "state_dict": state_dict, "recompute": recompute}
     g = os.path.join(d, "grad.safetensors")
     if grad and os.path.exists(g):
         job["grad"] = g
@@ -175,6 +177,9 @@ def test_cp(build, work):
         todo = [(name, split) for name, per in CP_CASES.items() for split in per.get(n, ())]
         jobs = [job_file(*cases[name], os.path.join(work, f"py{n}_{split}_{name}.safetensors"), work, split=split)
                 for name, split in todo]
+        again = [(name, split) for name, (rn, split) in RECOMPUTE_CP.items() if rn == n]
+        jobs += [job_file(*cases[name], os.path.join(work, f"py{n}_{split}_{name}_recompute.safetensors"), work,
+                          split=split, recompute=True) for name, split in again]
         t0 = time.time()
         rc, out, err = runner(jobs, nranks=n)
         if not T.check(rc == 0, f"python CP={n} with mpi4py runs {len(jobs)} cases",
@@ -191,6 +196,13 @@ def test_cp(build, work):
             if T.check(ok, f"{tag}: dsv4cp run under mpirun -np {n}", why):
                 fails = T.compare_cp(got, cli, tag, bitwise=True)
                 T.check(not fails, f"{tag} vs dsv4cp run at the same N (forward and top-k bitwise)", "; ".join(fails))
+        for name, split in again:
+            base = os.path.join(work, f"py{n}_{split}_{name}.safetensors")
+            rec = os.path.join(work, f"py{n}_{split}_{name}_recompute.safetensors")
+            a, b = T.load(rec), T.load(base)
+            differ = sorted(k for k in set(a) | set(b) if k not in a or k not in b or a[k].tobytes() != b[k].tobytes())
+            T.check(not differ, f"python {name} CP={n} {split} recompute=True: every tensor bitwise as without",
+                    f"differ: {differ[:4]}" if differ else "")
 
 
 def test_blas_order(build, work):

@@ -129,17 +129,19 @@ static int measure(cli_ctx *c, job *j, dsv4_layer *l, int reps, timing *tm, dsv4
 
 /* Rank 0 prints the row and appends the JSON record; per-rank values are gathered first. */
 static void report(cli_ctx *c, const job *j, const char *split, int reps, const timing *tm, const dsv4_cp_stats *st,
-                   size_t saved, double sgemm, double blocking, const char *json) {
+                   size_t saved, double sgemm, double blocking, double base_mb, const char *json) {
   struct rec {
-    double fwd, bwd, busy, rss_mb, saved_mb, sgemm, hidden;
+    double fwd, bwd, busy, rss_mb, saved_mb, sgemm, hidden, planned_mb, base_mb;
     int planned;       /* measured bytes and messages per call == dsv4_cp_plan_traffic, every kind */
     int saved_planned; /* bytes saved for the backward == dsv4_cp_plan_memory */
     dsv4_cp_stats st;
-  } mine = {tm->fwd, tm->bwd, tm->busy, 0, (double)saved / 1048576.0, sgemm, 0, 1, 0, *st}, *all = NULL;
+  } mine = {tm->fwd, tm->bwd, tm->busy, 0, (double)saved / 1048576.0, sgemm, 0, 0, base_mb, 1, 0, *st}, *all = NULL;
   dsv4_cp_stats plan;
-  size_t plan_weights = 0, plan_saved = 0;
-  mine.saved_planned = dsv4_cp_plan_memory(&j->cfg, j->layer, &j->pk, &j->cp, c->rank, c->size, &plan_weights,
-                                           &plan_saved) == DSV4_OK && plan_saved == saved;
+  dsv4_memory_plan mem = {0};
+  const dsv4_plan_opts popts = {j->recompute, omp_get_max_threads()};
+  mine.saved_planned = dsv4_cp_plan_memory(&j->cfg, j->layer, &j->pk, &j->cp, &popts, c->rank, c->size, &mem) ==
+                           DSV4_OK && mem.saved == saved;
+  mine.planned_mb = (double)mem.total / 1048576.0;
   if (dsv4_cp_plan_traffic(&j->cfg, j->layer, &j->pk, &j->cp, c->rank, c->size, &plan) != DSV4_OK) mine.planned = 0;
   for (int m = 0; m < DSV4_MSG_KINDS && c->size > 1; m++)
     mine.planned &= st->bytes_sent[m] == plan.bytes_sent[m] * (uint64_t)reps &&
@@ -155,17 +157,21 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
   MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, 0, c->comm);
   if (c->rank != 0) return;
   double fwd = 0, bwd = 0, busy_max = 0, busy_min = INFINITY, rss = 0, sv = 0, gemm = 0, hidden = 0;
-  int planned = 1, saved_planned = 1;
+  double planned = 0, base = 0, rss_above_base = 0;
+  int planned_ok = 1, saved_planned = 1;
   for (int r = 0; r < c->size; r++) {
     fwd = fmax(fwd, all[r].fwd);
     bwd = fmax(bwd, all[r].bwd);
     busy_max = fmax(busy_max, all[r].busy);
     busy_min = fmin(busy_min, all[r].busy);
     rss = fmax(rss, all[r].rss_mb);
+    planned = fmax(planned, all[r].planned_mb);
+    base = fmax(base, all[r].base_mb);
+    rss_above_base = fmax(rss_above_base, all[r].rss_mb - all[r].base_mb);
     sv = fmax(sv, all[r].saved_mb);
     gemm += all[r].sgemm;
     hidden += all[r].hidden / c->size;
-    planned &= all[r].planned;
+    planned_ok &= all[r].planned;
     saved_planned &= all[r].saved_planned;
   }
   dsv4_flops f;
@@ -175,8 +181,13 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
   if (!isnan(hidden)) snprintf(hid, sizeof hid, "%.1f%%", 100 * hidden);
   printf("%5d %6lld %3d %-10s %9.1f %9.1f %8.0f %8.1f %6.1f%% %8.0f %8.0f %6.3f %7s %5s\n", j->ratio,
          (long long)j->T, c->size, split, 1e3 * fwd, 1e3 * bwd, (double)j->T / (fwd + bwd), gflops,
-         100.0 * tm->fraction, rss, sv, spread, hid, c->size == 1 ? "-" : planned ? "yes" : "NO");
+         100.0 * tm->fraction, rss, sv, spread, hid, c->size == 1 ? "-" : planned_ok ? "yes" : "NO");
   fflush(stdout);
+  char packing[96];
+  if (j->n_docs > 1 && !j->pk.batched)
+    snprintf(packing, sizeof packing, "%d documents", j->n_docs);
+  else
+    snprintf(packing, sizeof packing, "%s", j->pk.batched ? "batch" : "one document");
   FILE *fj = json ? fopen(json, "a") : NULL;
   if (!fj) {
     free(all);
@@ -187,11 +198,12 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
               "\"gflops\": %.3f, \"sgemm_gflops_per_rank\": %.3f, \"fraction_of_sgemm\": %.4f, "
               "\"peak_rss_mb\": %.1f, \"saved_activation_mb\": %.1f, \"busy_spread\": %.4f, "
               "\"allgather_blocking_s\": %.6f, \"allgather_hidden_fraction\": %.4f, \"bytes_match_plan\": %s, "
-              "\"saved_bytes_match_plan\": %s, \"per_rank\": [",
+              "\"saved_bytes_match_plan\": %s, \"recompute\": %s, \"packing\": \"%s\", \"planned_mb\": %.1f, "
+              "\"rss_base_mb\": %.1f, \"rss_above_base_mb\": %.1f, \"per_rank\": [",
           j->ratio, (long long)j->T, c->size, split, omp_get_max_threads(), reps, fwd, bwd, (double)j->T / (fwd + bwd),
           f.fwd / 1e9, f.bwd / 1e9, gflops, gemm / c->size, tm->fraction, rss, sv, isnan(spread) ? 0 : spread,
-          blocking, isnan(hidden) ? -1.0 : hidden, c->size == 1 ? "null" : planned ? "true" : "false",
-          saved_planned ? "true" : "false");
+          blocking, isnan(hidden) ? -1.0 : hidden, c->size == 1 ? "null" : planned_ok ? "true" : "false",
+          saved_planned ? "true" : "false", j->recompute ? "true" : "false", packing, planned, base, rss_above_base);
   for (int r = 0; r < c->size; r++) {
     fprintf(fj, "%s{\"rank\": %d, \"fwd_s\": %.6f, \"bwd_s\": %.6f, \"busy_s\": %.6f, \"peak_rss_mb\": %.1f, "
                 "\"saved_activation_mb\": %.1f, \"messages\": {",
@@ -235,6 +247,9 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   if (header)
     cli_say(c, "%5s %6s %3s %-10s %9s %9s %8s %8s %7s %8s %8s %6s %7s %5s\n", "ratio", "seq", "N", "split", "fwd ms",
             "bwd ms", "tok/s", "GFLOP/s", "sgemm", "RSS MB", "act MB", "spread", "hidden", "plan");
+  struct rusage ru0;
+  getrusage(RUSAGE_SELF, &ru0); /* the runtime's own memory (MPI, OpenBLAS), before anything of ours */
+  const double base_mb = (double)ru0.ru_maxrss / 1024.0;
   job j;
   job_load(c, &j, &o);
   dsv4_layer *l = NULL;
@@ -255,7 +270,7 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
       double blocking = blocking_allgather(c, sizeof(float) * (size_t)(blk * j.cfg.head_dim));
       if (j.ratio == 4) blocking += blocking_allgather(c, sizeof(float) * (size_t)(blk * j.cfg.index_head_dim));
       progress_stop(&prog);
-      report(c, &j, o.split ? o.split : "contiguous", (int)reps, &tm, &st, saved, gemm, blocking, json);
+      report(c, &j, o.split ? o.split : "contiguous", (int)reps, &tm, &st, saved, gemm, blocking, base_mb, json);
     }
   }
   int failed = cli_sync(c);

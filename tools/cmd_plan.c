@@ -1,94 +1,258 @@
-/* cmd_plan.c: `dsv4cp plan`: for a config, a length and N ranks, the bytes each rank sends and
- * receives per message kind in one layer forward + backward, and what each rank holds in memory,
- * per layer kind, computed on the host (docs/cp.md formulas evaluated on the actual layouts). The
- * benchmark checks that measured bytes equal these exactly. */
+/* cmd_plan.c: `dsv4cp plan`: cluster sizing from the formulas of docs/cp.md evaluated on the actual
+ * layouts, for one layer of each kind (or --layer): bytes each rank sends and receives per message
+ * kind in one forward + backward (min / mean / max over ranks, what the benchmark measures
+ * exactly), and what a rank holds in memory (weights, gradients, saved activations with their
+ * replicated compressed part, transient buffers, the caller's inputs and outputs). --json writes
+ * every rank's numbers; --memory-budget answers the longest sequence that fits. Runs on one process
+ * for any number of ranks. */
+#include <ctype.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "job.h"
 
-#define MiB (1024.0 * 1024.0)
+/* "254.0 KiB", "1.95 GiB": at most 10 characters. */
+static const char *fmt_bytes(double b, char *buf, size_t cap) {
+  static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (b >= 1024.0 && u < 5) b /= 1024.0, u++;
+  if (u == 0) snprintf(buf, cap, "%.0f B", b);
+  else snprintf(buf, cap, b < 10 ? "%.2f %s" : b < 100 ? "%.1f %s" : "%.0f %s", b, unit[u]);
+  return buf;
+}
 
-/* One layer kind: the table of message kinds x ranks, then memory per rank. */
-static int plan_layer(cli_ctx *c, const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_cp_config *cp,
-                      int N) {
-  dsv4_cp_stats *st = calloc((size_t)N, sizeof *st);
-  if (!st) return cli_lib(c, DSV4_ERR_NOMEM);
-  for (int q = 0; q < N; q++)
-    if (cli_lib(c, dsv4_cp_plan_traffic(cfg, layer, pk, cp, q, N, &st[q]))) {
-      free(st);
-      return 1;
+/* "80G", "141GiB", "512M", "1T", plain bytes: powers of 1024. Returns 0 on a bad value. */
+static uint64_t parse_size(const char *s) {
+  char *end = NULL;
+  const double v = strtod(s, &end);
+  if (end == s || !(v > 0)) return 0;
+  double mult = 1;
+  switch (toupper((unsigned char)*end)) {
+    case 'K': mult = 1024.0, end++; break;
+    case 'M': mult = 1048576.0, end++; break;
+    case 'G': mult = 1073741824.0, end++; break;
+    case 'T': mult = 1099511627776.0, end++; break;
+    default: break;
+  }
+  if (!strcmp(end, "iB") || !strcmp(end, "B") || !strcmp(end, "ib") || !strcmp(end, "b")) end += strlen(end);
+  if (*end) return 0;
+  return (uint64_t)(v * mult);
+}
+
+typedef struct {
+  const dsv4_config *cfg;
+  dsv4_cp_config cp;
+  dsv4_plan_opts opts;
+  int N;
+  FILE *json;
+} plan_run;
+
+static const char *kind_name(int r) { return r == 0 ? "SWA" : r == 4 ? "CSA" : "HCA"; }
+
+/* The largest memory plan over ranks (by total) for a packing. */
+static dsv4_status worst_rank(const plan_run *pr, int layer, const dsv4_packing *pk, dsv4_memory_plan *worst,
+                              int *which) {
+  dsv4_status rc = DSV4_OK;
+  memset(worst, 0, sizeof *worst);
+  for (int q = 0; q < pr->N; q++) {
+    dsv4_memory_plan m;
+    if ((rc = dsv4_cp_plan_memory(pr->cfg, layer, pk, &pr->cp, &pr->opts, q, pr->N, &m)) != DSV4_OK) return rc;
+    if (m.total > worst->total) *worst = m, *which = q;
+  }
+  return rc;
+}
+
+/* Longest single sequence (a multiple of the split's pieces) whose worst rank fits the budget. */
+static dsv4_status longest_fit(const plan_run *pr, int layer, uint64_t budget, int64_t *best) {
+  dsv4_status rc = DSV4_OK;
+  const int64_t pieces = pr->cp.split == DSV4_SPLIT_ZIGZAG ? 2 * pr->N : pr->N;
+  int64_t lo = 0, hi = 1; /* in units of pieces; lo fits (0 = nothing), hi does not */
+  int32_t cu[2] = {0, 0};
+  dsv4_packing pk = {cu, NULL, 1, 0, 0};
+  for (;;) { /* grow hi until it does not fit (or int32 tokens) */
+    if (hi * pieces > INT32_MAX) {
+      hi = INT32_MAX / pieces + 1;
+      break;
     }
-  const int r = dsv4_config_ratio(cfg, layer);
-  printf("\nlayer %d (compress ratio %d): bytes per rank for one forward + backward (sent / received)\n", layer, r);
-  printf("  %-22s", "message kind");
-  for (int q = 0; q < N; q++) printf("   rank %-2d sent / recv   ", q);
-  printf("\n");
-  for (int k = 0; k < DSV4_MSG_KINDS; k++) {
-    int any = 0;
-    for (int q = 0; q < N; q++) any |= st[q].messages[k] > 0;
-    if (!any) continue;
-    printf("  %-22s", dsv4_msg_kind_name((dsv4_msg_kind)k));
-    for (int q = 0; q < N; q++)
-      printf(" %12llu / %-12llu", (unsigned long long)st[q].bytes_sent[k], (unsigned long long)st[q].bytes_recv[k]);
-    printf("\n");
+    cu[1] = (int32_t)(hi * pieces), pk.T = hi * pieces;
+    dsv4_memory_plan m;
+    int q;
+    if ((rc = worst_rank(pr, layer, &pk, &m, &q)) != DSV4_OK) return rc;
+    if (m.total > budget) break;
+    lo = hi, hi *= 2;
   }
-  printf("  memory per rank: ");
-  for (int q = 0; q < N; q++) {
-    size_t wb = 0, sb = 0;
-    if (cli_lib(c, dsv4_cp_plan_memory(cfg, layer, pk, cp, q, N, &wb, &sb))) break;
-    printf("%srank %d: weights %.1f MiB + gradients %.1f MiB + saved activations %.1f MiB", q ? "; " : "", q, wb / MiB,
-           wb / MiB, sb / MiB);
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    cu[1] = (int32_t)(mid * pieces), pk.T = mid * pieces;
+    dsv4_memory_plan m;
+    int q;
+    if ((rc = worst_rank(pr, layer, &pk, &m, &q)) != DSV4_OK) return rc;
+    if (m.total <= budget) lo = mid; else hi = mid;
   }
-  printf("\n");
+  *best = lo * pieces;
+  return rc;
+}
+
+static void json_layer(const plan_run *pr, int layer, int r, const dsv4_cp_stats *st, const dsv4_memory_plan *mem,
+                       int first) {
+  FILE *f = pr->json;
+  fprintf(f, "%s{\"layer\": %d, \"ratio\": %d, \"kind\": \"%s\", \"per_rank\": [", first ? "" : ", ", layer, r,
+          kind_name(r));
+  for (int q = 0; q < pr->N; q++) {
+    fprintf(f, "%s{\"rank\": %d, \"messages\": {", q ? ", " : "", q);
+    for (int k = 0, n = 0; k < DSV4_MSG_KINDS; k++) {
+      if (!st[q].messages[k] && !st[q].bytes_sent[k] && !st[q].bytes_recv[k]) continue;
+      fprintf(f, "%s\"%s\": {\"bytes_sent\": %" PRIu64 ", \"bytes_recv\": %" PRIu64 ", \"messages\": %" PRIu64 "}",
+              n++ ? ", " : "", dsv4_msg_kind_name((dsv4_msg_kind)k), st[q].bytes_sent[k], st[q].bytes_recv[k],
+              st[q].messages[k]);
+    }
+    const dsv4_memory_plan *m = &mem[q];
+    fprintf(f, "}, \"memory\": {\"weights\": %" PRIu64 ", \"grads\": %" PRIu64 ", \"saved\": %" PRIu64
+               ", \"replicated\": %" PRIu64 ", \"transient\": %" PRIu64 ", \"io\": %" PRIu64 ", \"total\": %" PRIu64 "}}",
+            m->weights, m->grads, m->saved, m->replicated, m->transient, m->io, m->total);
+  }
+  fprintf(f, "]");
+}
+
+/* One layer kind: message kinds (min / mean / max over ranks) and memory (the worst rank). */
+static int plan_layer(cli_ctx *c, const plan_run *pr, int layer, const dsv4_packing *pk, uint64_t budget,
+                      int first) {
+  const int N = pr->N, r = dsv4_config_ratio(pr->cfg, layer);
+  dsv4_cp_stats *st = calloc((size_t)N, sizeof *st);
+  dsv4_memory_plan *mem = calloc((size_t)N, sizeof *mem);
+  char a[16], b[16], e[16], f[16], g[16], h[16];
+  if (!st || !mem) {
+    free(st), free(mem);
+    return cli_lib(c, DSV4_ERR_NOMEM);
+  }
+  int bad = cli_lib(c, dsv4_cp_plan_traffic_all(pr->cfg, layer, pk, &pr->cp, N, st));
+  int worst = 0;
+  for (int q = 0; q < N && !bad; q++) {
+    bad = cli_lib(c, dsv4_cp_plan_memory(pr->cfg, layer, pk, &pr->cp, &pr->opts, q, N, &mem[q]));
+    if (!bad && mem[q].total > mem[worst].total) worst = q;
+  }
+  if (bad) goto done;
+  printf("\nlayer %d: %s (compress ratio %d), per rank, one forward + backward\n", layer, kind_name(r), r);
+  if (N > 1) {
+    printf("  %-20s %34s  %34s  %9s\n", "message kind", "sent: min / mean / max", "received: min / mean / max",
+           "messages");
+    for (int k = 0; k < DSV4_MSG_KINDS; k++) {
+      double smin = 1e300, smax = 0, ssum = 0, rmin = 1e300, rmax = 0, rsum = 0, msum = 0;
+      for (int q = 0; q < N; q++) {
+        const double s = (double)st[q].bytes_sent[k], rv = (double)st[q].bytes_recv[k];
+        smin = s < smin ? s : smin, smax = s > smax ? s : smax, ssum += s;
+        rmin = rv < rmin ? rv : rmin, rmax = rv > rmax ? rv : rmax, rsum += rv;
+        msum += (double)st[q].messages[k];
+      }
+      if (msum == 0 && smax == 0) continue;
+      char sent[64], recv[64];
+      snprintf(sent, sizeof sent, "%s / %s / %s", fmt_bytes(smin, a, 16), fmt_bytes(ssum / N, b, 16), fmt_bytes(smax, e, 16));
+      snprintf(recv, sizeof recv, "%s / %s / %s", fmt_bytes(rmin, f, 16), fmt_bytes(rsum / N, g, 16), fmt_bytes(rmax, h, 16));
+      printf("  %-20s %34s  %34s  %9.1f\n", dsv4_msg_kind_name((dsv4_msg_kind)k), sent, recv, msum / N);
+    }
+  }
+  const dsv4_memory_plan *m = &mem[worst];
+  printf("  memory (rank %d, the largest): weights %s + gradients %s + saved activations %s (of which replicated "
+         "compressed %s)\n", worst, fmt_bytes((double)m->weights, a, 16), fmt_bytes((double)m->grads, b, 16),
+         fmt_bytes((double)m->saved, e, 16), fmt_bytes((double)m->replicated, f, 16));
+  printf("                              + transient %s + inputs/outputs %s = %s\n", fmt_bytes((double)m->transient, a, 16),
+         fmt_bytes((double)m->io, b, 16), fmt_bytes((double)m->total, e, 16));
+  int64_t fit = -1;
+  if (budget) {
+    if ((bad = cli_lib(c, longest_fit(pr, layer, budget, &fit)))) goto done;
+    printf("  longest sequence within %s per rank at N = %d: %lld tokens%s\n", fmt_bytes((double)budget, a, 16), N,
+           (long long)fit, fit == 0 ? " (even the smallest does not fit)" : "");
+  }
+  if (pr->json) {
+    json_layer(pr, layer, r, st, mem, first);
+    if (budget) fprintf(pr->json, ", \"memory_budget\": %" PRIu64 ", \"longest_fit_tokens\": %lld", budget, (long long)fit);
+    fprintf(pr->json, "}");
+  }
+done:
   free(st);
-  return c->err[0] != 0;
+  free(mem);
+  return bad;
 }
 
 int cmd_plan(cli_ctx *c, int argc, char **argv) {
   static const char *USAGE =
       "usage: dsv4cp plan (--preset NAME | --config config.json) [--seq S] [--batch B] [--ranks N] [--layer L]\n"
+      "                   [--split contiguous|zigzag] [--recompute] [--threads T] [--json FILE] [--memory-budget SIZE]\n"
       "\n"
-      "Bytes each rank sends and receives per message kind in one layer forward + backward with CP = N,\n"
-      "and the memory each rank holds, per layer kind (by default the first layer of each compress\n"
-      "ratio in the config), from the formulas of docs/cp.md on the actual layout. Runs on one process.";
-  job_opts o = {0};
-  const char *ranks_s = NULL;
-  cli_opt opts[24];
-  int k = job_common_opts(&o, opts, JOB_CMD_PLAN);
-  opts[k++] = (cli_opt){"ranks", "N", "CP ranks to plan for (default 2)", &ranks_s, NULL};
-  opts[k] = (cli_opt){0};
-  int p = cli_parse(c, argc, argv, 2, opts, USAGE);
+      "Sizes a cluster for one layer of each kind in the config (or --layer): per rank, the bytes sent and\n"
+      "received per message kind in one forward + backward with CP = N (min / mean / max over ranks), and\n"
+      "the memory of the largest rank: weights, gradients, saved activations (and their replicated\n"
+      "compressed part, which grows with the sequence, not with the shard), transient buffers and the\n"
+      "caller's inputs/outputs. Formulas of docs/cp.md on the actual layout; one process, any N.";
+  const char *config = NULL, *preset = NULL, *seq = NULL, *batch = NULL, *ranks_s = NULL, *layer_s = NULL;
+  const char *split = NULL, *threads_s = NULL, *json = NULL, *budget_s = NULL;
+  int recompute = 0;
+  const cli_opt opts[] = {
+      {"preset", "NAME", "built-in config: flash (default), pro or tiny", &preset, NULL},
+      {"config", "FILE", "Hugging Face style config.json instead of --preset", &config, NULL},
+      {"seq", "S", "tokens per sequence (default 4096)", &seq, NULL},
+      {"batch", "B", "B sequences of --seq tokens (default 1)", &batch, NULL},
+      {"ranks", "N", "CP ranks (default 2)", &ranks_s, NULL},
+      {"layer", "L", "plan this layer only (default: the first layer of each compress ratio)", &layer_s, NULL},
+      {"split", "MODE", "CP split: contiguous (default) or zigzag", &split, NULL},
+      {"recompute", NULL, "the layer recomputes q and o in the backward (keeps fewer activations)", NULL, &recompute},
+      {"threads", "T", "OpenMP threads per rank, for per-thread scratch (default 1)", &threads_s, NULL},
+      {"json", "FILE", "write every rank's numbers as JSON", &json, NULL},
+      {"memory-budget", "SIZE", "also the longest sequence whose largest rank fits SIZE (e.g. 80G, 141GiB)",
+       &budget_s, NULL},
+      {0}};
+  const int p = cli_parse(c, argc, argv, 2, opts, USAGE);
   if (p == 1) return 0;
-  int64_t N = 2;
-  if (p == 0 && ranks_s) cli_int(c, "ranks", ranks_s, 1, 1 << 16, &N);
-  if (p == 0 && !o.preset && !o.config) o.preset = "flash";
+  int64_t N = 2, S = 4096, B = 1, layer = -1, threads = 1;
+  uint64_t budget = 0;
+  dsv4_cp_config cp = {DSV4_SPLIT_CONTIGUOUS, 1};
+  dsv4_config cfg;
+  if (p == 0) {
+    job_opts jo = {.seq = seq, .batch = batch, .split = split};
+    if (ranks_s) cli_int(c, "ranks", ranks_s, 1, 1 << 20, &N);
+    if (threads_s) cli_int(c, "threads", threads_s, 1, 4096, &threads);
+    if (budget_s && !(budget = parse_size(budget_s)))
+      cli_error(c, "--memory-budget: '%s' is not a size such as 80G or 141GiB", budget_s);
+    if (config && preset) cli_error(c, "--config and --preset: give one of them");
+    if (!c->err[0]) job_parse_shape(c, &jo, &S, &B);
+    if (!c->err[0]) job_parse_split(c, &jo, &cp);
+    if (!c->err[0]) cli_lib(c, config ? dsv4_config_load(&cfg, config) : dsv4_config_preset(&cfg, preset ? preset : "flash"));
+    if (!c->err[0] && layer_s) cli_int(c, "layer", layer_s, 0, cfg.n_layers - 1, &layer);
+  }
   if (cli_sync(c)) return 1;
   if (c->rank != 0) return cli_sync(c); /* rank 0 plans for all ranks */
-  /* the job machinery on one "rank": config and packing only (no weights needed) */
-  dsv4_config cfg;
-  if (o.preset ? cli_lib(c, dsv4_config_preset(&cfg, o.preset)) : cli_lib(c, dsv4_config_load(&cfg, o.config)))
-    return cli_sync(c);
-  int64_t S = 4096, B = 1, layer = -1;
-  dsv4_cp_config cp = {DSV4_SPLIT_CONTIGUOUS, 1};
-  if (job_parse_shape(c, &o, &S, &B) || job_parse_split(c, &o, &cp)) return cli_sync(c);
-  if (o.layer && cli_int(c, "layer", o.layer, 0, cfg.n_layers - 1, &layer)) return cli_sync(c);
   int32_t *cu = calloc((size_t)B + 1, sizeof(int32_t));
   if (!cu) return cli_lib(c, DSV4_ERR_NOMEM), cli_sync(c);
   for (int64_t b = 0; b <= B; b++) cu[b] = (int32_t)(b * S);
-  dsv4_packing pk = {cu, NULL, (int)B, S * B, B > 1};
-  printf("plan: %s, T = %lld (%lld x %lld), CP = %lld, %s split\n", o.preset ? o.preset : o.config,
-         (long long)(S * B), (long long)B, (long long)S, (long long)N,
-         cp.split == DSV4_SPLIT_ZIGZAG ? "zigzag" : "contiguous");
-  int failed = 0;
+  const dsv4_packing pk = {cu, NULL, (int)B, S * B, B > 1};
+  plan_run pr = {&cfg, cp, {recompute, (int)threads}, (int)N, NULL};
+  if (json && !(pr.json = fopen(json, "w"))) cli_error(c, "--json: cannot write '%s'", json);
+  if (!c->err[0]) {
+    printf("plan: %s, T = %lld (%lld x %lld), CP = %lld, %s split, %s, %lld thread%s per rank\n",
+           config ? config : preset ? preset : "flash", (long long)(S * B), (long long)B, (long long)S, (long long)N,
+           cp.split == DSV4_SPLIT_ZIGZAG ? "zigzag" : "contiguous", recompute ? "recomputation" : "no recomputation",
+           (long long)threads, threads > 1 ? "s" : "");
+    if (pr.json)
+      fprintf(pr.json, "{\"config\": \"%s\", \"T\": %lld, \"batch\": %lld, \"seq\": %lld, \"ranks\": %lld, "
+                       "\"split\": \"%s\", \"recompute\": %s, \"threads\": %lld, \"layers\": [",
+              config ? "file" : preset ? preset : "flash", (long long)(S * B), (long long)B, (long long)S, (long long)N,
+              cp.split == DSV4_SPLIT_ZIGZAG ? "zigzag" : "contiguous", recompute ? "true" : "false", (long long)threads);
+  }
+  int failed = c->err[0] != 0, first = 1;
   for (int r = 0; r <= 128 && !failed; r = r ? r * 32 : 4) {
     int L = (int)layer;
     if (L < 0)
       for (int i = 0; i < cfg.n_layers && L < 0; i++)
         if (cfg.compress_ratios[i] == r) L = i;
     if (L < 0 || (layer >= 0 && cfg.compress_ratios[L] != r)) continue;
-    failed = plan_layer(c, &cfg, L, &pk, &cp, (int)N);
+    failed = plan_layer(c, &pr, L, &pk, budget, first);
+    first = 0;
+  }
+  if (pr.json) {
+    fprintf(pr.json, "]}\n");
+    if (fclose(pr.json) != 0) cli_error(c, "--json: error writing '%s'", json);
   }
   free(cu);
   return cli_sync(c);

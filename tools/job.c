@@ -20,44 +20,37 @@
 #define RANDOM_DOUT_STREAM "input.dout"
 
 int job_common_opts(job_opts *o, cli_opt *opts, job_cmd cmd) {
-  const int plan = cmd == JOB_CMD_PLAN, flash_default = cmd == JOB_CMD_BENCH || plan;
+  const int bench = cmd == JOB_CMD_BENCH;
   int n = 0;
   opts[n++] = (cli_opt){"config", "FILE",
-                        flash_default ? "Hugging Face style config.json (default: --preset flash)"
-                                      : "Hugging Face style config.json (required unless --preset)",
+                        bench ? "Hugging Face style config.json (default: --preset flash)"
+                              : "Hugging Face style config.json (required unless --preset)",
                         &o->config, NULL};
   opts[n++] = (cli_opt){"preset", "NAME",
-                        flash_default ? "built-in config instead of --config: flash (default), pro or tiny"
-                                      : "built-in config instead of --config: flash, pro or tiny",
+                        bench ? "built-in config instead of --config: flash (default), pro or tiny"
+                              : "built-in config instead of --config: flash, pro or tiny",
                         &o->preset, NULL};
-  opts[n++] = (cli_opt){"layer", "L",
-                        plan ? "only this layer (default: the first layer of each compress ratio)"
-                             : "layer index; its compress ratio picks the layer kind (required)",
-                        &o->layer, NULL};
-  if (!plan) {
-    opts[n++] = (cli_opt){"weights", "FILE", "safetensors with the layer's tensors (default: random from --seed)", &o->weights, NULL};
-    opts[n++] = (cli_opt){"input", "FILE", "x [T, d] (+ cu_seqlens, seqlens_real) or x [B, S, d] "
-                          "(default: random from --seed)", &o->input, NULL};
-  }
+  opts[n++] = (cli_opt){"layer", "L", "layer index; its compress ratio picks the layer kind (required)", &o->layer,
+                        NULL};
+  opts[n++] = (cli_opt){"weights", "FILE", "safetensors with the layer's tensors (default: random from --seed)",
+                        &o->weights, NULL};
+  opts[n++] = (cli_opt){"input", "FILE", "x [T, d] (+ cu_seqlens, seqlens_real) or x [B, S, d] (default: random "
+                        "from --seed)", &o->input, NULL};
   if (cmd == JOB_CMD_RUN)
     opts[n++] = (cli_opt){"grad-output", "FILE", "safetensors with dout (shape of out): run the backward too",
                           &o->grad, NULL};
   if (cmd == JOB_CMD_CHECK || cmd == JOB_CMD_BENCH)
     opts[n++] = (cli_opt){"grad-output", "FILE", "safetensors with the backward's dout (default: random from --seed)",
                           &o->grad, NULL};
-  if (!plan) opts[n++] = (cli_opt){"seed", "S", "seed of random weights and input (default 0)", &o->seed, NULL};
-  opts[n++] = (cli_opt){"seq", "S",
-                        plan ? "tokens per sequence (default 4096)"
-                             : "random input: tokens per sequence (default " DSV4_STR(DEFAULT_SEQ) ")",
-                        &o->seq, NULL};
-  opts[n++] = (cli_opt){"batch", "B",
-                        plan ? "B sequences of --seq tokens (default 1)"
-                             : "random input: B sequences of --seq tokens, as [B, S, d]",
-                        &o->batch, NULL};
-  if (!plan)
-    opts[n++] = (cli_opt){"doc-lengths", "MIN:MAX", "random input: pack documents of lengths drawn from [MIN, MAX] "
-                          "(seeded)", &o->doc_lengths, NULL};
+  opts[n++] = (cli_opt){"seed", "S", "seed of random weights and input (default 0)", &o->seed, NULL};
+  opts[n++] = (cli_opt){"seq", "S", "random input: tokens per sequence (default " DSV4_STR(DEFAULT_SEQ) ")", &o->seq,
+                        NULL};
+  opts[n++] = (cli_opt){"batch", "B", "random input: B sequences of --seq tokens, as [B, S, d]", &o->batch, NULL};
+  opts[n++] = (cli_opt){"doc-lengths", "MIN:MAX", "random input: pack documents of lengths drawn from [MIN, MAX] "
+                        "(seeded)", &o->doc_lengths, NULL};
   opts[n++] = (cli_opt){"split", "MODE", "CP split: contiguous (default) or zigzag", &o->split, NULL};
+  opts[n++] = (cli_opt){"recompute", NULL, "keep fewer activations and rebuild q, o in the backward (same results)",
+                        NULL, &o->recompute};
   return n;
 }
 
@@ -78,6 +71,7 @@ static void load_config(cli_ctx *c, job *j, const job_opts *o) {
   if (cli_int(c, "layer", o->layer, 0, j->cfg.n_layers - 1, &v)) return;
   j->layer = (int)v;
   j->ratio = dsv4_config_ratio(&j->cfg, j->layer);
+  j->recompute = o->recompute;
   if (o->seed && cli_int(c, "seed", o->seed, 0, INT64_MAX, &v) == 0) j->seed = (uint64_t)v;
   job_parse_split(c, o, &j->cp);
 }
@@ -422,6 +416,7 @@ int job_make_layer(cli_ctx *c, job *j, int cp, dsv4_layer **l, dsv4_comm **comm)
   *l = NULL;
   *comm = NULL;
   if (cli_lib(c, dsv4_layer_create(l, &j->cfg, j->layer, j->w))) return 1;
+  if (j->recompute && cli_lib(c, dsv4_layer_set_recompute(*l, 1))) return 1;
   if (!cp || c->size == 1) return 0;
   if (cli_lib(c, dsv4_comm_create_mpi(comm, c->comm))) return 1;
   return cli_lib(c, dsv4_cp_patch(dsv4_layer_core(*l), *comm, &j->cp));

@@ -8,6 +8,7 @@
 typedef struct {
   const char *config, *layer, *weights, *input, *grad, *seed, *seq, *batch, *split, *preset, *doc_lengths;
   int random_dout; /* without grad: dout from the seed (check, demo) */
+  int recompute;   /* --recompute: keep fewer activations, rebuild them in the backward */
 } job_opts;
 
 typedef struct {
@@ -22,6 +23,7 @@ typedef struct {
   int n_docs;
   dsv4_packing pk;
   dsv4_cp_config cp;
+  int recompute;
   /* this rank's shard */
   int64_t n;
   int64_t *rows;       /* [n] global row of each local row */
@@ -29,9 +31,10 @@ typedef struct {
   float *dout;         /* [n, d] or NULL */
 } job;
 
-/* The commands that share the job options. Each reads a different subset (train builds its own
- * objective so has no --grad-output; plan needs only shapes), and --help lists exactly that. */
-typedef enum { JOB_CMD_RUN, JOB_CMD_CHECK, JOB_CMD_TRAIN, JOB_CMD_BENCH, JOB_CMD_PLAN } job_cmd;
+/* The commands that share the job options. They read slightly different subsets (train builds its
+ * own objective so has no --grad-output; bench defaults to --preset flash), and --help lists exactly
+ * what each reads. */
+typedef enum { JOB_CMD_RUN, JOB_CMD_CHECK, JOB_CMD_TRAIN, JOB_CMD_BENCH } job_cmd;
 
 /* Writes the shared options command `cmd` reads into opts (returns how many; at most 16). */
 int job_common_opts(job_opts *o, cli_opt *opts, job_cmd cmd);

@@ -149,14 +149,8 @@ fail:
   return rc;
 }
 
-static dsv4_status cp_forward(dsv4_core *c, const dsv4_core_fwd_args *a) {
-  dsv4_exchange x;
-  return dsv4_core_run_forward(c, a, cp_exchange(dsv4_core_impl_state(c), &x));
-}
-
-static dsv4_status cp_backward(dsv4_core *c, const dsv4_core_bwd_args *a) {
-  dsv4_exchange x;
-  return dsv4_core_run_backward(c, a, cp_exchange(dsv4_core_impl_state(c), &x));
+static const dsv4_exchange *cp_core_exchange(dsv4_core *c, dsv4_exchange *storage) {
+  return cp_exchange(dsv4_core_impl_state(c), storage);
 }
 
 static void cp_state_free(void *p) {
@@ -172,7 +166,7 @@ static void cp_state_free(void *p) {
   free(st);
 }
 
-static int is_patched(const dsv4_core *c) { return dsv4_core_get_ops(c).forward == cp_forward; }
+static int is_patched(const dsv4_core *c) { return dsv4_core_get_ops(c).exchange == cp_core_exchange; }
 
 dsv4_status dsv4_cp_patch(dsv4_core *core, dsv4_comm *comm, const dsv4_cp_config *cfg) {
   dsv4_status rc = DSV4_OK;
@@ -185,7 +179,7 @@ dsv4_status dsv4_cp_patch(dsv4_core *core, dsv4_comm *comm, const dsv4_cp_config
   DSV4_ALLOC(st, 1);
   st->comm = comm;
   st->cfg = *cf;
-  const dsv4_core_ops ops = {cp_token_map, cp_forward, cp_backward};
+  const dsv4_core_ops ops = {cp_token_map, cp_core_exchange};
   dsv4_core_set_ops(core, &ops, st, cp_state_free);
 fail:
   return rc;

@@ -165,3 +165,49 @@ fail:
 dsv4_status cp_plan_halo(const dsv4_layout *lays, int size, int me, cp_halo kind, cp_plan *p) {
   return build_plan(lays, size, me, kind, p);
 }
+
+/* The counting form of build_plan for every rank at once (the planner at thousands of ranks):
+ * rows each rank sends and receives for one halo kind, and the messages (distinct peers) of each
+ * direction. Halo rows are walked owner segment by owner segment, so the cost is the number of
+ * (halo, owner) pieces, not rows. */
+dsv4_status cp_plan_halo_counts(const dsv4_layout *lays, int size, cp_halo kind, uint64_t *rows_sent,
+                                uint64_t *rows_recv, uint64_t *msgs_sent, uint64_t *msgs_recv) {
+  dsv4_status rc = DSV4_OK;
+  owner_seg *all = NULL;
+  int *peers = NULL, n_all = 0;
+  for (int q = 0; q < size; q++) n_all += lays[q].n_seg;
+  DSV4_ALLOC(all, n_all);
+  DSV4_ALLOC(peers, size);
+  n_all = 0;
+  for (int q = 0; q < size; q++)
+    for (int s = 0; s < lays[q].n_seg; s++)
+      all[n_all++] = (owner_seg){lays[q].seg[s].g0, lays[q].seg[s].len, q, s};
+  qsort(all, (size_t)n_all, sizeof *all, cmp_owner);
+  for (int q = 0; q < size; q++) {
+    int n_peers = 0;
+    for (int s = 0; s < lays[q].n_seg; s++) {
+      const dsv4_seg *d = &lays[q].seg[s];
+      int64_t a = 0, b = 0, first = 0;
+      halo_span(d, kind, &a, &b, &first);
+      for (int64_t g = d->g0 - a; g < d->g0 - b;) {
+        const owner_seg *o = owner_of(all, n_all, g);
+        DSV4_CHECK(o, DSV4_ERR_STATE, "cp plan: no rank holds halo row %lld", (long long)g);
+        const int64_t end = o->g0 + o->len < d->g0 - b ? o->g0 + o->len : d->g0 - b;
+        if (o->rank != q) {
+          rows_sent[o->rank] += (uint64_t)(end - g);
+          rows_recv[q] += (uint64_t)(end - g);
+          int seen = 0;
+          for (int i = 0; i < n_peers && !seen; i++) seen = peers[i] == o->rank;
+          if (!seen) peers[n_peers++] = o->rank;
+        }
+        g = end;
+      }
+    }
+    for (int i = 0; i < n_peers; i++) msgs_sent[peers[i]]++;
+    msgs_recv[q] += (uint64_t)n_peers;
+  }
+fail:
+  free(all);
+  free(peers);
+  return rc;
+}

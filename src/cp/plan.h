@@ -46,5 +46,9 @@ typedef enum { CP_HALO_WINDOW = 0, CP_HALO_CMP_HALF, CP_HALO_CMP_FULL } cp_halo;
 
 /* Halo plan of rank `me` for one kind, given every rank's layout (lays[0..size)). */
 dsv4_status cp_plan_halo(const dsv4_layout *lays, int size, int me, cp_halo kind, cp_plan *p);
+/* For every rank q (arrays of size entries, accumulated): the halo rows of one kind it sends and
+ * receives, and the messages it sends and receives (distinct peers, itself excluded). */
+dsv4_status cp_plan_halo_counts(const dsv4_layout *lays, int size, cp_halo kind, uint64_t *rows_sent,
+                                uint64_t *rows_recv, uint64_t *msgs_sent, uint64_t *msgs_recv);
 
 #endif

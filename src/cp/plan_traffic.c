@@ -1,14 +1,15 @@
 /* plan_traffic.c: what one layer call under CP costs each rank, computed on the host from the
  * layouts and halo plans (plan.c), i.e. from the formulas of docs/cp.md evaluated for the actual
  * packing: bytes and messages per message kind, exactly what the exchange counts, and the memory a
- * rank holds. The benchmark checks measured == planned. */
+ * rank holds (model/memory.c). The benchmark checks measured == planned. */
 #include <string.h>
 
 #include "model/weights.h"
 #include "plan.h"
+#include "shard.h"
 #include "util/err.h"
 
-/* Everything planned per rank; layouts of all ranks are built once. */
+/* Everything planned; the layouts of all ranks are built once. */
 typedef struct {
   dsv4_docs docs;
   dsv4_layout *lays;
@@ -37,79 +38,120 @@ fail:
   return rc;
 }
 
-/* Adds a plan's rows (row_bytes each) to the forward kind and, mirrored, to the backward kind. */
-static void add_plan(dsv4_cp_stats *s, const cp_plan *p, uint64_t row_bytes, dsv4_msg_kind fwd, dsv4_msg_kind bwd) {
-  uint64_t out = 0, in = 0;
-  for (int i = 0; i < p->n_send; i++) out += (uint64_t)p->send[i].n * row_bytes;
-  for (int i = 0; i < p->n_recv; i++) in += (uint64_t)p->recv[i].n * row_bytes;
-  s->bytes_sent[fwd] += out, s->bytes_recv[fwd] += in, s->messages[fwd] += (uint64_t)p->n_send;
-  s->bytes_sent[bwd] += in, s->bytes_recv[bwd] += out, s->messages[bwd] += (uint64_t)p->n_recv;
+/* One halo kind's rows (row_bytes each) into the forward kind and, mirrored, the backward kind. */
+static dsv4_status add_halo(const plan_ctx *p, cp_halo kind, uint64_t row_bytes, int copies, dsv4_msg_kind fwd,
+                            dsv4_msg_kind bwd, dsv4_cp_stats *out) {
+  dsv4_status rc = DSV4_OK;
+  const int N = p->size;
+  uint64_t *v = NULL;
+  DSV4_ALLOC(v, 4 * (size_t)N);
+  uint64_t *sent = v, *recv = v + N, *ms = v + 2 * N, *mr = v + 3 * N;
+  DSV4_TRY(cp_plan_halo_counts(p->lays, N, kind, sent, recv, ms, mr));
+  for (int q = 0; q < N; q++) {
+    dsv4_cp_stats *s = &out[q];
+    s->bytes_sent[fwd] += (uint64_t)copies * sent[q] * row_bytes, s->bytes_recv[fwd] += (uint64_t)copies * recv[q] * row_bytes;
+    s->bytes_sent[bwd] += (uint64_t)copies * recv[q] * row_bytes, s->bytes_recv[bwd] += (uint64_t)copies * sent[q] * row_bytes;
+    s->messages[fwd] += (uint64_t)copies * ms[q], s->messages[bwd] += (uint64_t)copies * mr[q];
+  }
+fail:
+  free(v);
+  return rc;
+}
+
+dsv4_status dsv4_cp_plan_traffic_all(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                     const dsv4_cp_config *cp, int size, dsv4_cp_stats *out) {
+  dsv4_status rc = DSV4_OK;
+  plan_ctx p = {0};
+  DSV4_CHECK(cfg && pk && out && size >= 1, DSV4_ERR_ARG, "plan: bad arguments");
+  memset(out, 0, sizeof(dsv4_cp_stats) * (size_t)size);
+  if (size == 1) return DSV4_OK; /* one rank sends nothing */
+  DSV4_TRY(plan_make(&p, cfg, layer, pk, cp, size));
+  const int r = p.docs.ratio;
+  const uint64_t N1 = (uint64_t)(size - 1), f = sizeof(float), D = (uint64_t)cfg->head_dim;
+  const uint64_t Di = (uint64_t)cfg->index_head_dim, c = r == 4 ? 2 : 1;
+  DSV4_TRY(add_halo(&p, CP_HALO_WINDOW, D * f, 1, DSV4_MSG_WINDOW_HALO, DSV4_MSG_WINDOW_HALO_BWD, out));
+  if (r > 0) { /* per compressor (dim D, and Di for r == 4): C and Z rows, half or all of c * dim */
+    DSV4_TRY(add_halo(&p, CP_HALO_CMP_HALF, 2 * (c * D / 2) * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+                      DSV4_MSG_COMPRESSOR_HALO_BWD, out));
+    DSV4_TRY(add_halo(&p, CP_HALO_CMP_FULL, 2 * c * D * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+                      DSV4_MSG_COMPRESSOR_HALO_BWD, out));
+    if (r == 4) {
+      DSV4_TRY(add_halo(&p, CP_HALO_CMP_HALF, 2 * Di * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+                        DSV4_MSG_COMPRESSOR_HALO_BWD, out));
+      DSV4_TRY(add_halo(&p, CP_HALO_CMP_FULL, 2 * 2 * Di * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+                        DSV4_MSG_COMPRESSOR_HALO_BWD, out));
+    }
+  }
+  /* meta check: once in the layer's token map, once in the core forward; an all-reduce of 8 int64
+   * values counted as the ring volume 2 (N-1)/N */
+  const uint64_t meta = 2 * 64 * N1 / (uint64_t)size;
+  for (int q = 0; q < size; q++) {
+    dsv4_cp_stats *s = &out[q];
+    s->bytes_sent[DSV4_MSG_META_CHECK] = s->bytes_recv[DSV4_MSG_META_CHECK] = 2 * meta;
+    s->messages[DSV4_MSG_META_CHECK] = 2;
+    if (r > 0) { /* all-gather of the slot buffers; the backward's reduce-scatter mirrors it */
+      const uint64_t blk = (uint64_t)p.lays[q].n_blk, dims = D + (r == 4 ? Di : 0);
+      const uint64_t ag = N1 * blk * dims * f;
+      s->bytes_sent[DSV4_MSG_SLOT_ALLGATHER] = s->bytes_recv[DSV4_MSG_SLOT_ALLGATHER] = ag;
+      s->bytes_sent[DSV4_MSG_SLOT_REDUCE_SCATTER] = s->bytes_recv[DSV4_MSG_SLOT_REDUCE_SCATTER] = ag;
+      s->messages[DSV4_MSG_SLOT_ALLGATHER] = s->messages[DSV4_MSG_SLOT_REDUCE_SCATTER] = r == 4 ? 2 : 1;
+    }
+    if (r == 4) { /* one (exact sum, count) record per rank, all-gathered */
+      s->bytes_sent[DSV4_MSG_LOSS_REDUCE] = s->bytes_recv[DSV4_MSG_LOSS_REDUCE] = N1 * sizeof(cp_loss_rec);
+      s->messages[DSV4_MSG_LOSS_REDUCE] = 1;
+    }
+  }
+fail:
+  plan_free(&p);
+  return rc;
 }
 
 dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
                                  const dsv4_cp_config *cp, int rank, int size, dsv4_cp_stats *out) {
   dsv4_status rc = DSV4_OK;
-  plan_ctx p = {0};
-  cp_plan win = {0}, half = {0}, full = {0};
+  dsv4_cp_stats *all = NULL;
   DSV4_CHECK(cfg && pk && out && size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "plan: bad arguments");
-  memset(out, 0, sizeof *out);
-  if (size == 1) return DSV4_OK; /* one rank sends nothing */
-  DSV4_TRY(plan_make(&p, cfg, layer, pk, cp, size));
-  const int r = p.docs.ratio;
-  const uint64_t N1 = (uint64_t)(size - 1), f = sizeof(float), D = (uint64_t)cfg->head_dim;
-  const uint64_t Di = (uint64_t)cfg->index_head_dim;
-  /* meta check: once in the layer's token map, once in the core forward; an all-reduce of 8
-   * int64 values counted as the ring volume 2 (N-1)/N */
-  const uint64_t meta = 2 * 64 * N1 / (uint64_t)size;
-  out->bytes_sent[DSV4_MSG_META_CHECK] = out->bytes_recv[DSV4_MSG_META_CHECK] = 2 * meta;
-  out->messages[DSV4_MSG_META_CHECK] = 2;
-  DSV4_TRY(cp_plan_halo(p.lays, size, rank, CP_HALO_WINDOW, &win));
-  add_plan(out, &win, D * f, DSV4_MSG_WINDOW_HALO, DSV4_MSG_WINDOW_HALO_BWD);
-  if (r > 0) { /* per compressor (dim D, and Di for r == 4): C and Z rows, half or all of c * dim */
-    const uint64_t c = r == 4 ? 2 : 1;
-    DSV4_TRY(cp_plan_halo(p.lays, size, rank, CP_HALO_CMP_HALF, &half));
-    DSV4_TRY(cp_plan_halo(p.lays, size, rank, CP_HALO_CMP_FULL, &full));
-    add_plan(out, &half, 2 * (c * D / 2) * f, DSV4_MSG_COMPRESSOR_HALO, DSV4_MSG_COMPRESSOR_HALO_BWD);
-    add_plan(out, &full, 2 * c * D * f, DSV4_MSG_COMPRESSOR_HALO, DSV4_MSG_COMPRESSOR_HALO_BWD);
-    if (r == 4) {
-      add_plan(out, &half, 2 * Di * f, DSV4_MSG_COMPRESSOR_HALO, DSV4_MSG_COMPRESSOR_HALO_BWD);
-      add_plan(out, &full, 2 * 2 * Di * f, DSV4_MSG_COMPRESSOR_HALO, DSV4_MSG_COMPRESSOR_HALO_BWD);
-    }
-  }
-  if (r > 0) {
-    const uint64_t blk = (uint64_t)p.lays[rank].n_blk, dims = D + (r == 4 ? Di : 0);
-    const uint64_t ag = N1 * blk * dims * f;
-    out->bytes_sent[DSV4_MSG_SLOT_ALLGATHER] = out->bytes_recv[DSV4_MSG_SLOT_ALLGATHER] = ag;
-    out->bytes_sent[DSV4_MSG_SLOT_REDUCE_SCATTER] = out->bytes_recv[DSV4_MSG_SLOT_REDUCE_SCATTER] = ag;
-    out->messages[DSV4_MSG_SLOT_ALLGATHER] = out->messages[DSV4_MSG_SLOT_REDUCE_SCATTER] = r == 4 ? 2 : 1;
-  }
-  if (r == 4) { /* one (exact sum, count) record per rank, all-gathered */
-    out->bytes_sent[DSV4_MSG_LOSS_REDUCE] = out->bytes_recv[DSV4_MSG_LOSS_REDUCE] = N1 * sizeof(cp_loss_rec);
-    out->messages[DSV4_MSG_LOSS_REDUCE] = 1;
-  }
+  DSV4_ALLOC(all, size);
+  DSV4_TRY(dsv4_cp_plan_traffic_all(cfg, layer, pk, cp, size, all));
+  *out = all[rank];
 fail:
-  cp_plan_free(&win);
-  cp_plan_free(&half);
-  cp_plan_free(&full);
-  plan_free(&p);
+  free(all);
   return rc;
 }
 
-dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_cp_config *cp,
-                                int rank, int size, size_t *weights_bytes, size_t *saved_bytes) {
+dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                const dsv4_cp_config *cp, const dsv4_plan_opts *opts, int rank, int size,
+                                dsv4_memory_plan *out) {
   dsv4_status rc = DSV4_OK;
   plan_ctx p = {0};
-  DSV4_CHECK(cfg && pk && weights_bytes && saved_bytes && size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG,
-             "plan: bad arguments");
-  DSV4_TRY(plan_make(&p, cfg, layer, pk, cp, size));
-  int64_t nw = 0;
+  dsv4_range *segs = NULL;
+  int ns = 0;
+  DSV4_CHECK(cfg && pk && out && size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "plan: bad arguments");
+  memset(out, 0, sizeof *out);
+  const int r = dsv4_config_ratio(cfg, layer), recompute = opts && opts->recompute;
+  DSV4_CHECK(r >= 0, DSV4_ERR_ARG, "plan: layer %d out of range", layer);
+  /* only this rank's layout is needed: no gather index, no plans */
+  p.size = 1;
+  DSV4_TRY(dsv4_docs_build(&p.docs, pk, r));
+  DSV4_ALLOC(p.lays, 1);
+  DSV4_TRY(dsv4_shard_segments(pk, cp ? cp->split : DSV4_SPLIT_CONTIGUOUS, rank, size, &segs, &ns));
+  DSV4_TRY(dsv4_layout_build(&p.lays[0], &p.docs, segs, ns, cfg->window, size > 1));
+  const dsv4_layout *l = &p.lays[0];
+  int64_t nw = 0, max_doc = 1;
   DSV4_TRY(dsv4_weights_numel(cfg, layer, &nw));
-  *weights_bytes = sizeof(float) * (size_t)nw;
-  const dsv4_layout *l = &p.lays[rank];
-  const int r = p.docs.ratio;
-  *saved_bytes = dsv4_saved_bytes_formula(cfg, r, l->n, l->R_kv, size > 1, r > 0 ? l->R_c : 0, l->n_own,
-                                          p.docs.n_cmp);
+  for (int i = 0; i < p.docs.n_docs; i++)
+    if (p.docs.cu[i + 1] - p.docs.cu[i] > max_doc) max_doc = p.docs.cu[i + 1] - p.docs.cu[i];
+  const uint64_t n = (uint64_t)l->n, d = (uint64_t)cfg->dim, k = (uint64_t)cfg->index_topk;
+  out->weights = out->grads = sizeof(float) * (uint64_t)nw;
+  out->saved = dsv4_saved_bytes_formula(cfg, r, l->n, l->R_kv, size > 1, r > 0 ? l->R_c : 0, l->n_own,
+                                        p.docs.n_cmp, recompute);
+  out->replicated = sizeof(float) * (uint64_t)p.docs.n_cmp *
+                    (uint64_t)(r > 0 ? cfg->head_dim + (r == 4 ? cfg->index_head_dim : 0) : 0);
+  out->transient = dsv4_transient_bytes_formula(cfg, r, l, p.docs.n_cmp, max_doc, recompute, opts ? opts->threads : 1);
+  out->io = n * (4 * d * sizeof(float) + (r == 4 ? k * sizeof(int32_t) : 0));
+  out->total = out->weights + out->grads + out->saved + out->transient + out->io;
 fail:
+  free(segs);
   plan_free(&p);
   return rc;
 }

@@ -108,12 +108,9 @@ fail:
   return rc;
 }
 
-static dsv4_status local_forward(dsv4_core *c, const dsv4_core_fwd_args *a) {
-  return dsv4_core_run_forward(c, a, &LOCAL_EXCHANGE);
-}
-
-static dsv4_status local_backward(dsv4_core *c, const dsv4_core_bwd_args *a) {
-  return dsv4_core_run_backward(c, a, &LOCAL_EXCHANGE);
+static const dsv4_exchange *local_exchange(dsv4_core *c, dsv4_exchange *storage) {
+  (void)c, (void)storage;
+  return &LOCAL_EXCHANGE;
 }
 
 /* ---- the object ------------------------------------------------------------------------------ */
@@ -148,7 +145,7 @@ dsv4_status dsv4_core_create(dsv4_core **out, const dsv4_config *cfg, int layer,
   c->ratio = dsv4_config_ratio(cfg, layer);
   c->w = w;
   c->impl = DSV4_IMPL_FAST;
-  c->ops = (dsv4_core_ops){local_token_map, local_forward, local_backward};
+  c->ops = (dsv4_core_ops){local_token_map, local_exchange};
   DSV4_TRY(dsv4_rope_init(&c->rope, cfg, c->ratio));
   *out = c;
   return DSV4_OK;
@@ -173,9 +170,9 @@ dsv4_status dsv4_core_token_map(dsv4_core *c, const dsv4_packing *pk, int64_t n,
   return c->ops.token_map(c, pk, n, map);
 }
 
-dsv4_status dsv4_core_forward(dsv4_core *c, const dsv4_core_fwd_args *a) { return c->ops.forward(c, a); }
+dsv4_status dsv4_core_forward(dsv4_core *c, const dsv4_core_fwd_args *a) { return dsv4_core_run_forward(c, a); }
 
-dsv4_status dsv4_core_backward(dsv4_core *c, const dsv4_core_bwd_args *a) { return c->ops.backward(c, a); }
+dsv4_status dsv4_core_backward(dsv4_core *c, const dsv4_core_bwd_args *a) { return dsv4_core_run_backward(c, a); }
 
 dsv4_core_ops dsv4_core_get_ops(const dsv4_core *c) { return c->ops; }
 

@@ -96,8 +96,8 @@ fail:
 /* Stage 1 for one compressor (which = 0 main, 1 indexer): projections, halo, pooling of the owned
  * slots into the local slot buffer, then the all-gather is started; *all receives
  * [n_blk_all, dim] when it completes. */
-static dsv4_status stage1_start(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x,
-                                int which, float **Cp, float **Zp, float **blocks, float **all) {
+static dsv4_status stage1_start(dsv4_core *c, const dsv4_exchange *x, int which, float **Cp, float **Zp,
+                                float **all) {
   dsv4_status rc = DSV4_OK;
   dsv4_core_saved *sv = &c->sv;
   const dsv4_layout *lay = &sv->lay;
@@ -106,21 +106,22 @@ static dsv4_status stage1_start(dsv4_core *c, const dsv4_core_fwd_args *a, const
   const dsv4_weights *w = c->w;
   DSV4_SLOT(*Cp, c->slot[which ? CS_CI : CS_C], lay->R_c * cD);
   DSV4_SLOT(*Zp, c->slot[which ? CS_ZI : CS_Z], lay->R_c * cD);
-  DSV4_TRY(proj_segments(c, lay, *Cp, cD, 1, a->x, c->cfg.dim, dsv4_w(w, which ? W_I_WKV : W_C_WKV),
+  float *blocks = NULL;
+  DSV4_TRY(proj_segments(c, lay, *Cp, cD, 1, sv->x, c->cfg.dim, dsv4_w(w, which ? W_I_WKV : W_C_WKV),
                          cD, c->cfg.dim));
-  DSV4_TRY(proj_segments(c, lay, *Zp, cD, 1, a->x, c->cfg.dim, dsv4_w(w, which ? W_I_WGATE : W_C_WGATE),
+  DSV4_TRY(proj_segments(c, lay, *Zp, cD, 1, sv->x, c->cfg.dim, dsv4_w(w, which ? W_I_WGATE : W_C_WGATE),
                          cD, c->cfg.dim));
   DSV4_TRY(x->cmp_halo(x->st, lay, *Cp, *Zp, cD, which));
-  DSV4_SLOTZ(*blocks, c->slot[which ? CS_SLOTS_IDX : CS_SLOTS_MAIN], lay->n_blk * dim); /* unused rows stay 0 */
+  DSV4_SLOTZ(blocks, c->slot[which ? CS_SLOTS_IDX : CS_SLOTS_MAIN], lay->n_blk * dim); /* unused rows stay 0 */
   DSV4_SLOT(*all, c->slot[which ? CS_SLOTS_IDX_ALL : CS_SLOTS_MAIN_ALL], lay->n_blk_all * dim);
   dsv4_compress_args ca = {
-      .out = *blocks, .out_row = sv->slot_blk, .C = *Cp, .Z = *Zp,
+      .out = blocks, .out_row = sv->slot_blk, .C = *Cp, .Z = *Zp,
       .ape = dsv4_w(w, which ? W_I_APE : W_C_APE), .norm_w = dsv4_w(w, which ? W_I_NORM : W_C_NORM),
       .cur_row = sv->slot_cur, .prev_row = sv->slot_prev, .pos = sv->slot_pos, .rope = &c->rope,
       .n_slots = sv->n_slot, .ratio = r, .D = dim, .eps = c->cfg.eps, .rows = lay->R_c,
       .rows_out = lay->n_blk};
   DSV4_TRY(dsv4_kernels_get(c->impl)->compress(&ca));
-  DSV4_TRY(x->gather_start(x->st, lay, *blocks, *all, dim, which));
+  DSV4_TRY(x->gather_start(x->st, lay, blocks, *all, dim, which));
 fail:
   return rc;
 }
@@ -139,62 +140,81 @@ fail:
   return rc;
 }
 
-/* Indexer queries (RoPE at the document-local position) and head weights of the local rows. */
-static dsv4_status indexer_queries(dsv4_core *c, const dsv4_core_fwd_args *a) {
+dsv4_status dsv4_core_indexer_queries(dsv4_core *c, int64_t i0, int64_t n, float *qI, float *wI) {
   dsv4_status rc = DSV4_OK;
-  dsv4_core_saved *sv = &c->sv;
-  const int Hi = c->cfg.index_n_heads, Di = c->cfg.index_head_dim;
-  const int64_t n = a->n;
-  DSV4_SLOT(sv->qI, c->slot[CS_QI], n * Hi * Di);
-  DSV4_SLOT(sv->wI, c->slot[CS_WI], n * Hi);
-  DSV4_TRY(proj_segments(c, &sv->lay, sv->qI, (int64_t)Hi * Di, 0, a->qr, c->cfg.q_lora_rank,
-                         dsv4_w(c->w, W_I_WQ_B), (int64_t)Hi * Di, c->cfg.q_lora_rank));
-  DSV4_TRY(proj_segments(c, &sv->lay, sv->wI, Hi, 0, a->x, c->cfg.dim, dsv4_w(c->w, W_I_PROJ), Hi,
-                         c->cfg.dim));
+  const dsv4_core_saved *sv = &c->sv;
+  const int Hi = c->cfg.index_n_heads, Di = c->cfg.index_head_dim, dq = c->cfg.q_lora_rank, d = c->cfg.dim;
+  DSV4_TRY(dsv4_proj_rows(qI, (int64_t)Hi * Di, sv->qr + i0 * dq, dq, dsv4_w(c->w, W_I_WQ_B), n, (int64_t)Hi * Di,
+                          dq, c->tok.global + i0, sv->lay.panel, c->impl));
+  DSV4_TRY(dsv4_proj_rows(wI, Hi, sv->x + i0 * d, d, dsv4_w(c->w, W_I_PROJ), n, Hi, d, c->tok.global + i0,
+                          sv->lay.panel, c->impl));
   const float wscale = (float)(1.0 / sqrt((double)Di * Hi));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i++) {
-    for (int h = 0; h < Hi; h++) dsv4_rope_apply(&c->rope, sv->qI + (i * Hi + h) * Di, Di, c->tok.pos[i], 0);
-    for (int h = 0; h < Hi; h++) sv->wI[i * Hi + h] *= wscale;
+    for (int h = 0; h < Hi; h++) dsv4_rope_apply(&c->rope, qI + (i * Hi + h) * Di, Di, c->tok.pos[i0 + i], 0);
+    for (int h = 0; h < Hi; h++) wI[i * Hi + h] *= wscale;
   }
 fail:
   return rc;
 }
 
-/* KL loss over the local queries, summed exactly over ranks: coeff * sum / n_valid. */
-static dsv4_status kl_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x,
-                              float *loss) {
+int64_t dsv4_core_chunk_end(const dsv4_core *c, int64_t i0, int64_t max_rows) {
+  const int64_t *g = c->tok.global, n = c->sv.n;
+  int64_t i = i0 + 1;
+  while (i < n && i - i0 < max_rows && g[i] == g[i - 1] + 1 && g[i] % DSV4_CHUNK_ROWS != 0) i++;
+  return i;
+}
+
+/* The attention arguments of local rows [i0, i0 + n) with queries q and output o: the window rows in
+ * kv_ext, and, with_cmp (Stage 1 finished, top-k selected), the global compressed kv with each
+ * query's visible range (r == 128) or top-k ids (r == 4). */
+static dsv4_attn_args attn_rows(const dsv4_core *c, int64_t i0, int64_t n, const float *q, float *o, float *lse,
+                                int with_cmp) {
+  const dsv4_core_saved *sv = &c->sv;
+  const int H = c->cfg.n_heads, D = c->cfg.head_dim, k = c->cfg.index_topk;
+  dsv4_attn_args at = {.out = o, .lse = lse, .q = q, .ori_kv = sv->kv_ext ? sv->kv_ext : sv->kv,
+                       .win_start = sv->win_start + i0, .win_len = sv->win_len + i0,
+                       .sink = dsv4_w(c->w, W_SINK), .S1 = n, .R = sv->lay.R_kv, .H = H, .D = D,
+                       .scale = (float)(1.0 / sqrt((double)D))};
+  if (c->ratio > 0 && with_cmp) {
+    at.cmp_kv = sv->cmp;
+    at.C = sv->docs.n_cmp;
+    at.cmp_begin = sv->cmp_begin + i0;
+    at.cmp_count = sv->cmp_count + i0;
+  }
+  if (c->ratio == 4 && with_cmp) {
+    at.cmp_ids = sv->topk + i0 * k;
+    at.n_cmp_ids = k;
+  }
+  return at;
+}
+
+/* The placements of a chunk's attention call: queries SHARD(seq), raw kv WINDOW(the rows around
+ * them), compressed keys REPLICATE. */
+static void attn_places(const dsv4_core *c, int64_t n, dsv4_placement places[5]) {
+  dsv4_attn_places(places, c->sv.lay.R_kv - n);
+}
+
+/* KL terms of local rows [i0, i0 + n) (summed exactly over ranks in dsv4_core_fwd_end). */
+static dsv4_status kl_rows(dsv4_core *c, const dsv4_exchange *x, int64_t i0, int64_t n, const float *q,
+                           const float *qI, const float *wI) {
   dsv4_status rc = DSV4_OK;
   dsv4_core_saved *sv = &c->sv;
-  double *rows = NULL, sum = 0;
+  const int k = c->cfg.index_topk;
+  double sum = 0;
   int64_t n_valid = 0;
-  DSV4_SLOT(rows, c->slot[CS_KL_ROWS], a->n);
-  dsv4_kl_args ka = {.loss_sum = &sum, .n_valid = &n_valid, .loss_rows = rows, .q = a->q,
-                     .cmp_kv = sv->cmp, .topk_ids = sv->topk, .q_idx = sv->qI, .k_idx = sv->KI,
-                     .weights = sv->wI, .vis_begin = sv->cmp_begin, .vis_count = sv->cmp_count,
-                     .S1 = a->n, .C = sv->docs.n_cmp, .H = c->cfg.n_heads, .D = c->cfg.head_dim,
-                     .Hi = c->cfg.index_n_heads, .Di = c->cfg.index_head_dim, .topk = c->cfg.index_topk,
+  dsv4_kl_args ka = {.loss_sum = &sum, .n_valid = &n_valid, .loss_rows = sv->kl_rows + i0, .q = q,
+                     .cmp_kv = sv->cmp, .topk_ids = sv->topk + i0 * k, .q_idx = qI, .k_idx = sv->KI,
+                     .weights = wI, .vis_begin = sv->cmp_begin + i0, .vis_count = sv->cmp_count + i0,
+                     .S1 = n, .C = sv->docs.n_cmp, .H = c->cfg.n_heads, .D = c->cfg.head_dim,
+                     .Hi = c->cfg.index_n_heads, .Di = c->cfg.index_head_dim, .topk = k,
                      .dense = c->cfg.index_loss_mode == DSV4_KL_DENSE,
-                     .scale = (float)(1.0 / sqrt((double)c->cfg.head_dim)), .teacher = sv->teacher,
-                     .scores = sv->scores};
+                     .scale = (float)(1.0 / sqrt((double)c->cfg.head_dim)),
+                     .teacher = sv->teacher ? sv->teacher + i0 * k : NULL, .scores = sv->scores + i0 * k};
   dsv4_placement places[6];
   dsv4_kl_places(places);
   DSV4_TRY(dsv4_indexer_kl_loss_dist(&ka, x->nranks, places, c->impl));
-  dsv4_exactsum total = 0;
-  for (int64_t i = 0; i < a->n; i++) total += dsv4_exactsum_term(rows[i]);
-  DSV4_TRY(x->reduce_loss(x->st, &total, &n_valid));
-  sv->n_valid = n_valid;
-  *loss = n_valid ? (float)(c->cfg.index_loss_coeff * dsv4_exactsum_value(total) / (double)n_valid) : 0.0f;
-fail:
-  return rc;
-}
-
-static dsv4_status check_args(const dsv4_core *c, const dsv4_core_fwd_args *a) {
-  dsv4_status rc = DSV4_OK;
-  DSV4_CHECK(a && a->o && a->q && a->kv && a->pk, DSV4_ERR_ARG, "core forward: o, q, kv and pk are required");
-  DSV4_CHECK(a->n >= 0, DSV4_ERR_ARG, "core forward: n < 0");
-  DSV4_CHECK(c->ratio == 0 || a->x, DSV4_ERR_ARG, "core forward: x is required for a compressed layer");
-  DSV4_CHECK(c->ratio != 4 || a->qr, DSV4_ERR_ARG, "core forward: qr is required for a ratio-4 layer");
+  sv->kl_valid += n_valid;
 fail:
   return rc;
 }
@@ -213,25 +233,25 @@ static dsv4_status prepare(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4
     max_len = sv->docs.cu[i + 1] - sv->docs.cu[i] > max_len ? sv->docs.cu[i + 1] - sv->docs.cu[i] : max_len;
   DSV4_TRY(dsv4_rope_reserve(&c->rope, max_len));
   sv->n = a->n;
-  sv->q = a->q, sv->kv = a->kv, sv->x = a->x, sv->qr = a->qr, sv->o = a->o;
+  sv->q = a->q, sv->o = a->o, sv->kv = a->kv, sv->x = a->x, sv->qr = a->qr;
+  sv->topk_out = a->topk_ids;
 fail:
   return rc;
 }
 
 /* Stage 1: start the all-gathers of both compressors' slots; the visible compressed range of every
  * local query (SPEC 3 step 4: the slots of its document that end at or before it). */
-static dsv4_status stage1(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x, float **all,
-                          float **all_i) {
+static dsv4_status stage1(dsv4_core *c, const dsv4_exchange *x) {
   dsv4_status rc = DSV4_OK;
   dsv4_core_saved *sv = &c->sv;
-  float *blk = NULL, *blk_i = NULL;
   const int r = c->ratio;
+  const int64_t n = sv->n;
   DSV4_TRY(build_slots(c));
-  DSV4_TRY(stage1_start(c, a, x, 0, &sv->C, &sv->Z, &blk, all));
-  if (r == 4) DSV4_TRY(stage1_start(c, a, x, 1, &sv->CI, &sv->ZI, &blk_i, all_i));
-  DSV4_SLOT(sv->cmp_begin, c->slot[CS_CMP_BEGIN], a->n);
-  DSV4_SLOT(sv->cmp_count, c->slot[CS_CMP_COUNT], a->n);
-  for (int64_t i = 0; i < a->n; i++) {
+  DSV4_TRY(stage1_start(c, x, 0, &sv->C, &sv->Z, &sv->all_main));
+  if (r == 4) DSV4_TRY(stage1_start(c, x, 1, &sv->CI, &sv->ZI, &sv->all_idx));
+  DSV4_SLOT(sv->cmp_begin, c->slot[CS_CMP_BEGIN], n);
+  DSV4_SLOT(sv->cmp_count, c->slot[CS_CMP_COUNT], n);
+  for (int64_t i = 0; i < n; i++) {
     sv->cmp_begin[i] = (int32_t)sv->docs.cu_cmp[c->tok.doc[i]];
     sv->cmp_count[i] = c->tok.real[i] ? (c->tok.pos[i] + 1) / r : 0;
   }
@@ -239,107 +259,160 @@ fail:
   return rc;
 }
 
-/* Stage 2, window part: the window halo, then (fast path) the window phase of the attention while
- * the all-gathers are in flight. Fills *at with the window arguments; *ml receives the phase's
- * running max and sum [2, n, H]. */
-static dsv4_status window_phase(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x,
-                                dsv4_attn_args *at, dsv4_placement places[5], float **ml) {
+/* Stage 2 set-up: window ranges, kv_ext with its halo from the left neighbours, and the per-query
+ * buffers every chunk writes into. */
+static dsv4_status stage2_setup(dsv4_core *c, const dsv4_exchange *x) {
   dsv4_status rc = DSV4_OK;
   dsv4_core_saved *sv = &c->sv;
-  const int H = c->cfg.n_heads, D = c->cfg.head_dim;
-  const int64_t n = a->n;
+  const int H = c->cfg.n_heads, D = c->cfg.head_dim, k = c->cfg.index_topk;
+  const int Hi = c->cfg.index_n_heads, Di = c->cfg.index_head_dim;
+  const int64_t n = sv->n;
   DSV4_SLOT(sv->win_start, c->slot[CS_WIN_START], n);
   DSV4_SLOT(sv->win_len, c->slot[CS_WIN_LEN], n);
   window_ranges(c, &sv->lay, sv->win_start, sv->win_len);
-  const float *kv_ext = a->kv;
   if (sv->lay.ext_kv) {
     DSV4_SLOT(sv->kv_ext, c->slot[CS_KV_EXT], sv->lay.R_kv * D);
     for (int s = 0; s < sv->lay.n_seg; s++) {
       const dsv4_seg *sg = &sv->lay.seg[s];
-      memcpy(sv->kv_ext + (sg->kv_row + sg->win_halo) * D, a->kv + sg->lo * D, sizeof(float) * sg->len * D);
+      memcpy(sv->kv_ext + (sg->kv_row + sg->win_halo) * D, sv->kv + sg->lo * D, sizeof(float) * sg->len * D);
     }
     DSV4_TRY(x->win_halo(x->st, &sv->lay, sv->kv_ext, D));
-    kv_ext = sv->kv_ext;
   }
   DSV4_SLOT(sv->lse, c->slot[CS_LSE], n * H);
-  *at = (dsv4_attn_args){.out = a->o, .lse = sv->lse, .q = a->q, .ori_kv = kv_ext,
-                         .win_start = sv->win_start, .win_len = sv->win_len,
-                         .sink = dsv4_w(c->w, W_SINK), .S1 = n, .R = sv->lay.R_kv, .H = H, .D = D,
-                         .scale = (float)(1.0 / sqrt((double)D))};
-  dsv4_attn_places(places, sv->lay.R_kv - n);
-  if (c->impl == DSV4_IMPL_FAST) {
-    DSV4_TRY(dsv4_attn_layout_check(at, x->nranks, places));
-    DSV4_SLOT(*ml, c->slot[CS_WIN_STATE], 2 * n * H);
-    DSV4_TRY(dsv4_sparse_attn_window_progress(at, *ml, *ml + n * H, x->progress, x->st));
+  if (c->impl == DSV4_IMPL_FAST) DSV4_SLOT(sv->win_state, c->slot[CS_WIN_STATE], 2 * n * H);
+  if (c->ratio == 4) {
+    DSV4_SLOT(sv->topk, c->slot[CS_TOPK], n * k);
+    DSV4_SLOT(sv->scores, c->slot[CS_SCORES], n * k);
+    if (c->cfg.index_loss_mode == DSV4_KL_SPARSE) DSV4_SLOT(sv->teacher, c->slot[CS_TEACHER], n * k);
+    DSV4_SLOT(sv->kl_rows, c->slot[CS_KL_ROWS], n);
+    if (!c->recompute) { /* kept whole for the backward; recomputation makes them chunk by chunk */
+      DSV4_SLOT(sv->qI, c->slot[CS_QI], n * Hi * Di);
+      DSV4_SLOT(sv->wI, c->slot[CS_WI], n * Hi);
+    }
   }
 fail:
   return rc;
 }
 
-/* Stage 2, r == 4: the indexer's top-k of every local query over the GLOBAL indexer keys (ids in the
- * global compressed sequence, width index_topk on every rank); the attention then reads those ids
- * and, in sparse KL mode, writes the KL teacher from its own compressed logits. */
-static dsv4_status select_topk(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x,
-                               dsv4_attn_args *at) {
+static dsv4_status check_args(const dsv4_core *c, const dsv4_core_fwd_args *a) {
   dsv4_status rc = DSV4_OK;
-  dsv4_core_saved *sv = &c->sv;
-  const int k = c->cfg.index_topk;
-  const int64_t n = a->n;
-  DSV4_SLOT(sv->topk, c->slot[CS_TOPK], n * k);
-  DSV4_SLOT(sv->scores, c->slot[CS_SCORES], n * k);
-  dsv4_indexer_args ia = {.topk_ids = sv->topk, .topk_scores = sv->scores, .q_idx = sv->qI, .k_idx = sv->KI,
-                          .weights = sv->wI, .vis_begin = sv->cmp_begin, .vis_count = sv->cmp_count, .S1 = n,
-                          .C = sv->docs.n_cmp, .Hi = c->cfg.index_n_heads, .Di = c->cfg.index_head_dim, .topk = k};
-  dsv4_placement iplaces[3];
-  dsv4_indexer_places(iplaces);
-  DSV4_TRY(dsv4_lightning_indexer_dist(&ia, x->nranks, iplaces, c->impl));
-  if (a->topk_ids) memcpy(a->topk_ids, sv->topk, sizeof(int32_t) * (size_t)(n * k));
-  at->cmp_ids = sv->topk;
-  at->n_cmp_ids = k;
-  if (c->cfg.index_loss_mode == DSV4_KL_SPARSE) {
-    DSV4_SLOT(sv->teacher, c->slot[CS_TEACHER], n * k);
-    at->teacher = sv->teacher;
-  }
+  DSV4_CHECK(a && a->kv && a->pk, DSV4_ERR_ARG, "core forward: kv and pk are required");
+  DSV4_CHECK(a->n >= 0, DSV4_ERR_ARG, "core forward: n < 0");
+  DSV4_CHECK(c->ratio == 0 || a->x, DSV4_ERR_ARG, "core forward: x is required for a compressed layer");
+  DSV4_CHECK(c->ratio != 4 || a->qr, DSV4_ERR_ARG, "core forward: qr is required for a ratio-4 layer");
 fail:
   return rc;
 }
 
-dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x) {
+void dsv4_core_fail(dsv4_core *c) {
+  if (c->sv.xch.drain) c->sv.xch.drain(c->sv.xch.st);
+  dsv4_core_saved_free(&c->sv);
+}
+
+dsv4_status dsv4_core_fwd_begin(dsv4_core *c, const dsv4_core_fwd_args *a) {
   dsv4_status rc = DSV4_OK;
   dsv4_core_saved *sv = &c->sv;
-  float *all = NULL, *all_i = NULL, *ml = NULL;
-  const int r = c->ratio;
-  dsv4_attn_args at;
-  dsv4_placement places[5];
   dsv4_core_saved_free(sv);
   DSV4_TRY(check_args(c, a));
-  DSV4_TRY(prepare(c, a, x));
-  if (r > 0) DSV4_TRY(stage1(c, a, x, &all, &all_i));
-  DSV4_TRY(window_phase(c, a, x, &at, places, &ml));
-  if (r == 4) DSV4_TRY(indexer_queries(c, a)); /* more local work before waiting for the gathers */
-  if (r > 0) {
-    DSV4_TRY(stage1_finish(c, x, 0, all, &sv->cmp));
-    at.cmp_kv = sv->cmp;
-    at.C = sv->docs.n_cmp;
-    at.cmp_begin = sv->cmp_begin;
-    at.cmp_count = sv->cmp_count;
+  const dsv4_exchange *x = c->ops.exchange(c, &sv->xch);
+  if (x != &sv->xch) sv->xch = *x;
+  DSV4_TRY(prepare(c, a, &sv->xch));
+  if (c->ratio > 0) DSV4_TRY(stage1(c, &sv->xch));
+  DSV4_TRY(stage2_setup(c, &sv->xch));
+  return DSV4_OK;
+fail:
+  dsv4_core_fail(c);
+  return rc;
+}
+
+/* The chunk's queries: the window phase (overlapping the all-gathers while they are in flight), the
+ * indexer queries, the end of Stage 1 (first chunk), top-k, the compressed phase, the KL terms. */
+dsv4_status dsv4_core_fwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float *q, float *o) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_saved *sv = &c->sv;
+  const dsv4_exchange *x = &sv->xch;
+  const int r = c->ratio, H = c->cfg.n_heads, k = c->cfg.index_topk;
+  const int Hi = c->cfg.index_n_heads, Di = c->cfg.index_head_dim;
+  float *qI = NULL, *wI = NULL;
+  DSV4_CHECK(q && o && i0 >= 0 && n >= 0 && i0 + n <= sv->n, DSV4_ERR_ARG, "core forward: bad rows [%lld, %lld)",
+             (long long)i0, (long long)(i0 + n));
+  dsv4_attn_args at = attn_rows(c, i0, n, q, o, sv->lse + i0 * H, 0); /* the window phase's */
+  dsv4_placement places[5];
+  attn_places(c, n, places);
+  float *m_w = sv->win_state ? sv->win_state + i0 * H : NULL, *l_w = m_w ? m_w + sv->n * H : NULL;
+  if (c->impl == DSV4_IMPL_FAST) {
+    DSV4_TRY(dsv4_attn_layout_check(&at, x->nranks, places));
+    DSV4_TRY(dsv4_sparse_attn_window_progress(&at, m_w, l_w, sv->stage1_done ? NULL : x->progress, x->st));
   }
-  if (r == 4) {
-    DSV4_TRY(stage1_finish(c, x, 1, all_i, &sv->KI));
-    DSV4_TRY(select_topk(c, a, x, &at));
+  if (r == 4) { /* more local work before waiting for the gathers */
+    if (c->recompute) {
+      DSV4_SLOT(qI, c->slot[CS_QI], n * Hi * Di);
+      DSV4_SLOT(wI, c->slot[CS_WI], n * Hi);
+    } else {
+      qI = sv->qI + i0 * Hi * Di, wI = sv->wI + i0 * Hi;
+    }
+    DSV4_TRY(dsv4_core_indexer_queries(c, i0, n, qI, wI));
   }
+  if (r > 0 && !sv->stage1_done) {
+    DSV4_TRY(stage1_finish(c, x, 0, sv->all_main, &sv->cmp));
+    if (r == 4) DSV4_TRY(stage1_finish(c, x, 1, sv->all_idx, &sv->KI));
+    sv->stage1_done = 1;
+  }
+  if (r == 4) { /* top-k over the GLOBAL indexer keys (ids in the global compressed sequence) */
+    dsv4_indexer_args ia = {.topk_ids = sv->topk + i0 * k, .topk_scores = sv->scores + i0 * k, .q_idx = qI,
+                            .k_idx = sv->KI, .weights = wI, .vis_begin = sv->cmp_begin + i0,
+                            .vis_count = sv->cmp_count + i0, .S1 = n, .C = sv->docs.n_cmp, .Hi = Hi, .Di = Di,
+                            .topk = k};
+    dsv4_placement iplaces[3];
+    dsv4_indexer_places(iplaces);
+    DSV4_TRY(dsv4_lightning_indexer_dist(&ia, x->nranks, iplaces, c->impl));
+    if (sv->topk_out) memcpy(sv->topk_out + i0 * k, sv->topk + i0 * k, sizeof(int32_t) * (size_t)(n * k));
+  }
+  at = attn_rows(c, i0, n, q, o, sv->lse + i0 * H, 1);
+  at.teacher = sv->teacher ? sv->teacher + i0 * k : NULL; /* the KL teacher from the attention's logits */
   if (c->impl == DSV4_IMPL_FAST)
-    DSV4_TRY(dsv4_sparse_attn_finish(&at, ml, ml + a->n * at.H));
+    DSV4_TRY(dsv4_sparse_attn_finish(&at, m_w, l_w));
   else
     DSV4_TRY(dsv4_sparse_attn_dist(&at, x->nranks, places, c->impl));
-  if (r == 4) {
-    float loss = 0;
-    DSV4_TRY(kl_forward(c, a, x, &loss));
-    if (a->indexer_loss) *a->indexer_loss = loss;
-  }
-  sv->valid = a->train;
+  if (r == 4) DSV4_TRY(kl_rows(c, x, i0, n, q, qI, wI));
+  return DSV4_OK;
 fail:
-  if (rc != DSV4_OK) x->drain(x->st);
-  if (rc != DSV4_OK || !a || !a->train) dsv4_core_saved_free(sv);
+  dsv4_core_fail(c);
+  return rc;
+}
+
+dsv4_status dsv4_core_fwd_end(dsv4_core *c, float *loss, int train) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_saved *sv = &c->sv;
+  if (c->ratio > 0 && !sv->stage1_done) { /* no rows at all: the collectives still complete */
+    DSV4_TRY(stage1_finish(c, &sv->xch, 0, sv->all_main, &sv->cmp));
+    if (c->ratio == 4) DSV4_TRY(stage1_finish(c, &sv->xch, 1, sv->all_idx, &sv->KI));
+    sv->stage1_done = 1;
+  }
+  if (c->ratio == 4) { /* KL loss: coeff * sum / n_valid, summed exactly over ranks */
+    dsv4_exactsum total = 0;
+    int64_t n_valid = sv->kl_valid;
+    for (int64_t i = 0; i < sv->n; i++) total += dsv4_exactsum_term(sv->kl_rows[i]);
+    DSV4_TRY(sv->xch.reduce_loss(sv->xch.st, &total, &n_valid));
+    sv->n_valid = n_valid;
+    if (loss)
+      *loss = n_valid ? (float)(c->cfg.index_loss_coeff * dsv4_exactsum_value(total) / (double)n_valid) : 0.0f;
+  }
+  sv->valid = train;
+  if (!train) dsv4_core_saved_free(sv);
+  return DSV4_OK;
+fail:
+  dsv4_core_fail(c);
+  return rc;
+}
+
+/* The whole forward in one chunk (the public entry point: q and o whole). */
+dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_CHECK(a && a->q && a->o, DSV4_ERR_ARG, "core forward: q and o are required");
+  DSV4_TRY(dsv4_core_fwd_begin(c, a));
+  DSV4_TRY(dsv4_core_fwd_rows(c, 0, a->n, a->q, a->o));
+  DSV4_TRY(dsv4_core_fwd_end(c, a->indexer_loss, a->train));
+fail:
   return rc;
 }

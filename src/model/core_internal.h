@@ -29,14 +29,16 @@
 #include "util/exactsum.h"
 #include "util/slot.h"
 
-/* The core's swappable implementation: dsv4_cp_patch replaces these (src/cp/patch.c). */
+/* The core's swappable part: dsv4_cp_patch replaces it (src/cp/patch.c). The two-stage algorithm
+ * itself (core_fwd.c, core_bwd.c) is shared; only the token map and the exchange differ. */
+typedef struct dsv4_exchange dsv4_exchange;
 typedef struct {
   dsv4_status (*token_map)(dsv4_core *c, const dsv4_packing *pk, int64_t n, dsv4_token_map *map);
-  dsv4_status (*forward)(dsv4_core *c, const dsv4_core_fwd_args *a);
-  dsv4_status (*backward)(dsv4_core *c, const dsv4_core_bwd_args *a);
+  /* The exchange of the next call (built in *storage when it is not a static object). */
+  const dsv4_exchange *(*exchange)(dsv4_core *c, dsv4_exchange *storage);
 } dsv4_core_ops;
 
-/* The current function pointers, and a way to replace them (what dsv4_cp_patch uses). */
+/* The current ops, and a way to replace them (what dsv4_cp_patch uses). */
 dsv4_core_ops dsv4_core_get_ops(const dsv4_core *c);
 void dsv4_core_set_ops(dsv4_core *c, const dsv4_core_ops *ops, void *impl_state, void (*free_state)(void *));
 void *dsv4_core_impl_state(const dsv4_core *c);
@@ -83,7 +85,7 @@ dsv4_status dsv4_layout_copy(dsv4_layout *dst, const dsv4_layout *src, int64_t n
 /* Everything that crosses ranks. Every rank calls every function in the same order, even when its
  * share is empty, so collectives always match. `which` is 0 for the main compressor, 1 for the
  * indexer's. */
-typedef struct {
+struct dsv4_exchange {
   void *st;
   int nranks;      /* the CP mesh size the operators' layouts are checked against */
   /* First call of a forward: every rank checks that all agree on the config, the packing meta and
@@ -113,29 +115,43 @@ typedef struct {
                                        float *d_local, int D, int which);
   /* Backward: compressor halo row gradients go back to their owners and are added there. */
   dsv4_status (*cmp_halo_bwd)(void *st, const dsv4_layout *lay, float *dC, float *dZ, int cD, int which);
-} dsv4_exchange;
+};
 
-/* What backward needs from the last training forward. */
+/* The state of one forward and its backward. Rows are processed in chunks (core_fwd.c): the
+ * caller passes each chunk's queries and receives its attention output, so with recomputation
+ * neither q nor o is ever held whole. */
 typedef struct {
-  int valid;
-  const float *q, *kv, *x, *qr, *o;  /* borrowed from the caller */
+  int valid;                          /* a training forward completed: backward may run */
+  dsv4_exchange xch;                  /* the exchange of this forward (and its backward) */
+  const float *q, *o;                 /* [n, H, D] the caller's whole q and o (NULL: recomputation) */
+  const float *kv, *x, *qr;           /* borrowed from the caller: [n, D], [n, d], [n, dq] */
+  int32_t *topk_out;                  /* [n, k] the caller's top-k output (may be NULL) */
   int64_t n;
   dsv4_docs docs;
   dsv4_layout lay;
   float *kv_ext;                      /* [R_kv, D]; NULL when the layout has no halo (kv is used) */
   int32_t *win_start, *win_len;       /* [n] */
   float *lse;                         /* [n, H] */
+  float *win_state;                   /* [2, n, H] running max and sum of the window phase (fast path) */
   float *C, *Z;                       /* [R_c, c*D] main compressor projections */
-  int32_t *slot_cur, *slot_prev, *slot_pos, *slot_blk; /* [n_slot] local valid slots */
+  int32_t *slot_cur, *slot_prev, *slot_pos, *slot_blk; /* [n_slot] slots this rank owns */
   int64_t n_slot;
+  float *all_main, *all_idx;          /* all-gathered slot buffers, until Stage 1 is finished */
+  int stage1_done;
   float *cmp;                         /* [n_cmp, D] global compressed kv */
   int32_t *cmp_begin, *cmp_count;     /* [n] visible compressed ranges */
   float *CI, *ZI;                     /* [R_c, 2 Di] indexer compressor projections */
   float *KI;                          /* [n_cmp, Di] global indexer keys */
-  float *qI, *wI;                     /* [n, Hi*Di], [n, Hi] */
+  float *qI, *wI;                     /* [n, Hi*Di], [n, Hi] (recomputation: [chunk, ...] scratch) */
   int32_t *topk;                      /* [n, k] */
   float *scores, *teacher;            /* [n, k] indexer scores of topk, KL teacher (sparse mode) */
+  double *kl_rows;                    /* [n] each local query's KL term */
+  int64_t kl_valid;                   /* local queries with a KL term */
   int64_t n_valid;                    /* KL valid tokens over all ranks */
+  /* backward accumulators */
+  dsv4_weights *grads;
+  float d_loss;
+  float *d_ext, *d_cmp, *d_KI;        /* [R_kv, D], [n_cmp, D], [n_cmp, Di] */
 } dsv4_core_saved;
 
 /* Buffers kept across calls (util/slot.h): one per saved tensor, then the temporaries. A forward
@@ -144,17 +160,15 @@ typedef struct {
 enum {
   CS_WIN_START, CS_WIN_LEN, CS_LSE, CS_KV_EXT, CS_C, CS_Z, CS_SLOT_CUR, CS_SLOT_PREV, CS_SLOT_POS,
   CS_SLOT_BLK, CS_CMP, CS_CMP_BEGIN, CS_CMP_COUNT, CS_CI, CS_ZI, CS_KI, CS_QI, CS_WI, CS_TOPK, CS_SCORES,
-  CS_TEACHER,
-  /* forward temporary                     backward temporary */
-  CS_SLOTS_MAIN,                         CS_D_KV_EXT = CS_SLOTS_MAIN,        /* [n_blk, D]      | [R_kv, D] */
-  CS_SLOTS_MAIN_ALL,                     CS_D_CMP = CS_SLOTS_MAIN_ALL,       /* [n_blk_all, D]  | [n_cmp, D] */
-  CS_SLOTS_IDX,                          CS_D_SLOTS_ALL = CS_SLOTS_IDX,      /* [n_blk, Di]     | [n_blk_all, dim] */
-  CS_SLOTS_IDX_ALL,                      CS_D_SLOTS = CS_SLOTS_IDX_ALL,      /* [n_blk_all, Di] | [n_blk, dim] */
-  CS_WIN_STATE,                          CS_DC = CS_WIN_STATE,               /* [2, n, H]       | [R_c, cD] */
-  CS_KL_ROWS,                            CS_DZ = CS_KL_ROWS,                 /* [n] doubles     | [R_c, cD] */
-  CS_D_QI,                                                                   /* [n, Hi Di] */
-  CS_D_WI,                                                                   /* [n, Hi] */
-  CS_D_KI,                                                                   /* [n_cmp, Di] */
+  CS_TEACHER, CS_KL_ROWS,
+  CS_D_EXT, CS_D_CMP, CS_D_KI,           /* backward accumulators [R_kv, D], [n_cmp, D], [n_cmp, Di] */
+  /* forward temporary                   backward temporary */
+  CS_SLOTS_MAIN,                         CS_D_SLOTS_ALL = CS_SLOTS_MAIN,     /* [n_blk, D]      | [n_blk_all, dim] */
+  CS_SLOTS_MAIN_ALL,                     CS_D_SLOTS = CS_SLOTS_MAIN_ALL,     /* [n_blk_all, D]  | [n_blk, dim] */
+  CS_SLOTS_IDX,                          CS_DC = CS_SLOTS_IDX,               /* [n_blk, Di]     | [R_c, cD] */
+  CS_SLOTS_IDX_ALL,                      CS_DZ = CS_SLOTS_IDX_ALL,           /* [n_blk_all, Di] | [R_c, cD] */
+  CS_WIN_STATE,                          CS_D_QI = CS_WIN_STATE,             /* [2, n, H]       | [chunk, Hi Di] */
+  CS_RC_LSE,                             CS_D_WI = CS_RC_LSE,                /* [chunk, H] (recomputed lse) | [chunk, Hi] */
   CS_COUNT
 };
 
@@ -163,6 +177,7 @@ struct dsv4_core {
   int layer, ratio;
   const dsv4_weights *w;
   dsv4_impl impl;
+  int recompute;      /* 1: the caller recomputes q, o in the backward; the core its indexer queries */
   dsv4_rope rope;
   dsv4_core_ops ops;
   void *impl_state;
@@ -176,11 +191,48 @@ struct dsv4_core {
 void dsv4_core_saved_free(dsv4_core_saved *sv);
 /* Bytes a training forward keeps for the backward (layer and core), from shapes (memory.c). */
 size_t dsv4_saved_bytes_formula(const dsv4_config *c, int ratio, int64_t n, int64_t R_kv, int ext_kv,
-                                int64_t R_c, int64_t n_slot, int64_t n_cmp);
+                                int64_t R_c, int64_t n_slot, int64_t n_cmp, int recompute);
 
-/* The two-stage forward and backward over an exchange (core_fwd.c, core_bwd.c). */
-dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x);
-dsv4_status dsv4_core_run_backward(dsv4_core *c, const dsv4_core_bwd_args *a, const dsv4_exchange *x);
+/* Bytes of the buffers held besides the saved activations after a training call (memory.c). */
+size_t dsv4_transient_bytes_formula(const dsv4_config *c, int ratio, const dsv4_layout *lay, int64_t n_cmp,
+                                    int64_t max_doc, int recompute, int threads);
+
+/* Rows are processed in chunks of at most DSV4_CHUNK_ROWS local rows that never cross a global
+ * multiple of it (so projection panels, whose size divides it, are never split) nor a segment
+ * boundary. The backward always uses these chunks, with or without recomputation, so both give
+ * the same bits; the forward may use any chunks (a row's forward result does not depend on them).
+ * 1024 rows: weight-gradient products with an inner dimension of 1024 run as fast as whole ones
+ * (the BLAS blocks the inner dimension by a few hundred anyway), and the transients of a chunk
+ * are ~0.5 GB at V4-Flash sizes. */
+#define DSV4_CHUNK_ROWS 1024
+/* End of the chunk that starts at local row i0 (tokmap of the current forward). */
+int64_t dsv4_core_chunk_end(const dsv4_core *c, int64_t i0, int64_t max_rows);
+
+/* The chunked forward: begin (Stage 1 started, halos exchanged), then rows for every chunk of
+ * queries in order (window phase, Stage 1 finished at the first call, top-k, compressed phase,
+ * KL terms; q: [n, H, D] queries of the chunk, o: [n, H, D] receives their output), then end
+ * (KL loss reduced; *loss may be NULL). a->q and a->o may be NULL in begin: then the backward
+ * must be given q and o again (recomputation). */
+dsv4_status dsv4_core_fwd_begin(dsv4_core *c, const dsv4_core_fwd_args *a);
+dsv4_status dsv4_core_fwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float *q, float *o);
+dsv4_status dsv4_core_fwd_end(dsv4_core *c, float *loss, int train);
+/* The chunked backward (chunks of dsv4_core_chunk_end): begin; per chunk optionally recompute
+ * (o of the chunk's queries from q, bitwise the forward's; and the indexer queries), then rows
+ * (attention backward: dq [n, H, D] overwritten, may alias d_o; KL backward); then end (halo
+ * gradients home, compressors; dkv [n_local, D] overwritten, dx [n_local, d] accumulated). */
+dsv4_status dsv4_core_bwd_begin(dsv4_core *c, dsv4_weights *grads, float d_loss);
+dsv4_status dsv4_core_bwd_recompute(dsv4_core *c, int64_t i0, int64_t n, const float *q, float *o);
+dsv4_status dsv4_core_bwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float *q, const float *o,
+                               const float *d_o, float *dq);
+dsv4_status dsv4_core_bwd_end(dsv4_core *c, float *dkv, float *dx);
+/* Indexer queries [n, Hi Di] (RoPE at each row's position) and head weights [n, Hi] of local rows
+ * [i0, i0 + n), from the forward's qr and x. */
+dsv4_status dsv4_core_indexer_queries(dsv4_core *c, int64_t i0, int64_t n, float *qI, float *wI);
+/* Frees the saved state on a failed call (completing started all-gathers first). */
+void dsv4_core_fail(dsv4_core *c);
+/* The public one-call forward and backward (q, o, d_o, dq whole) over the chunked functions. */
+dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a);
+dsv4_status dsv4_core_run_backward(dsv4_core *c, const dsv4_core_bwd_args *a);
 /* Token map of a layout's local rows (into c->tok). */
 dsv4_status dsv4_core_fill_tokmap(dsv4_core *c, const dsv4_docs *docs, const dsv4_layout *lay,
                                   dsv4_token_map *map);

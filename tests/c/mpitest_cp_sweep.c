@@ -5,7 +5,9 @@
  * and a split. The first N ranks then run the layer twice: alone (CP = 1, the whole stream) and
  * together (CP = N, each its own shard), forward and backward, and compare their shard of the
  * CP = 1 result: out, top-k ids and the KL loss bitwise; dx to 1e-5 and the rank-summed weight
- * gradients to 1e-4 relative to max(1, max |value|) (SPEC 6). Ranks >= N sit the iteration out.
+ * gradients to 1e-4 relative to max(1, max |value|) (SPEC 6). Every other packing runs its CP = N
+ * layer with recomputation (dsv4_layer_set_recompute), which must not change a bit. Ranks >= N sit
+ * the iteration out.
  * Rank 0 prints one PASS/FAIL line per packing.
  *
  * usage: mpitest_cp_sweep [iterations (default 240)] [seed (default 1)] */
@@ -32,7 +34,7 @@ static uint64_t next(prng *g) { return dsv4_mix64(g->s++); }
 static int64_t uniform(prng *g, int64_t lo, int64_t hi) { return lo + (int64_t)(next(g) % (uint64_t)(hi - lo + 1)); }
 
 typedef struct {
-  int ratio, layer, N, window, topk, dense, batched;
+  int ratio, layer, N, window, topk, dense, batched, recompute;
   dsv4_split split;
   int n_docs;
   int32_t cu[MAX_DOCS + 1], real[MAX_DOCS];
@@ -57,6 +59,7 @@ static void draw(prng *g, packing *p) {
   p->window = (int)uniform(g, 1, 24);
   p->topk = (int)uniform(g, 1, 12);
   p->dense = uniform(g, 0, 3) == 0;
+  p->recompute = (int)uniform(g, 0, 1);
   const int64_t pieces = p->split == DSV4_SPLIT_ZIGZAG ? 2 * p->N : p->N;
   int len = 0;
   if (uniform(g, 0, 6) == 0) { /* a batch of B sequences of S tokens, S any multiple of the pieces */
@@ -133,6 +136,7 @@ static dsv4_status run(const dsv4_config *cfg, const packing *p, const dsv4_weig
   fill_rows(x, r->rows, r->n, d, seed, 1);
   fill_rows(dout, r->rows, r->n, d, seed, 2);
   if ((st = dsv4_layer_create(&l, cfg, p->layer, w)) != DSV4_OK) goto done;
+  if (comm && p->recompute && (st = dsv4_layer_set_recompute(l, 1)) != DSV4_OK) goto done;
   if (comm && (st = dsv4_cp_patch(dsv4_layer_core(l), comm, &cp)) != DSV4_OK) goto done;
   if ((st = dsv4_weights_create(&r->grads, cfg, p->layer)) != DSV4_OK) goto done;
   if ((st = dsv4_layer_forward(l, r->out, r->topk, &r->loss, x, r->n, &pk, 1)) != DSV4_OK) goto done;
@@ -231,9 +235,10 @@ int main(int argc, char **argv) {
       if (first < p.N) MPI_Bcast(why, sizeof why, MPI_CHAR, first, sub);
       if (rank == 0) {
         n_bitwise += first == p.N;
-        tu_check(first == p.N, "sweep %d: r=%d N=%d %s T=%lld W=%d k=%d%s %s%s%s", it, p.ratio, p.N,
+        tu_check(first == p.N, "sweep %d: r=%d N=%d %s T=%lld W=%d k=%d%s%s %s%s%s", it, p.ratio, p.N,
                  p.split == DSV4_SPLIT_ZIGZAG ? "zigzag" : "contiguous", (long long)p.T, p.window, p.topk,
-                 p.dense ? " dense" : "", p.desc, first < p.N ? ": " : "", first < p.N ? why : "");
+                 p.dense ? " dense" : "", p.recompute ? " recompute" : "", p.desc, first < p.N ? ": " : "",
+                 first < p.N ? why : "");
       }
       MPI_Comm_free(&sub);
     }

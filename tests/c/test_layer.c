@@ -191,11 +191,68 @@ static void cp_self(int layer) {
   dsv4_comm_free(comm);
 }
 
+/* Recomputation must not change a bit: the same forward and backward with and without it, on a
+ * stream long enough for three backward chunks (DSV4_CHUNK_ROWS rows), documents of any length;
+ * and it must keep less. Then the same through the CP path on one rank. */
+static void recompute_bitwise(int layer, int cp) {
+  static const int32_t cu[5] = {0, 700, 1503, 2499, 2500}, real[4] = {700, 777, 996, 1};
+  const int64_t T = 2500;
+  fixture f[2];
+  memset(f, 0, sizeof f);
+  dsv4_comm *comm = NULL;
+  size_t saved[2] = {0, 0};
+  int ok = 1;
+  for (int k = 0; k < 2 && ok; k++) {
+    ok = setup(&f[k], layer, 0);
+    if (!ok) break;
+    const int64_t d = f[k].cfg.dim;
+    free(f[k].x), free(f[k].dout), free(f[k].out), free(f[k].dx), free(f[k].topk);
+    f[k].T = T;
+    f[k].x = malloc(sizeof(float) * T * d), f[k].dout = malloc(sizeof(float) * T * d);
+    f[k].out = malloc(sizeof(float) * T * d), f[k].dx = malloc(sizeof(float) * T * d);
+    f[k].topk = malloc(sizeof(int32_t) * T * f[k].cfg.index_topk);
+    ok = tu_check(f[k].x && f[k].dout && f[k].out && f[k].dx && f[k].topk, "recompute fixture allocated");
+    if (!ok) break;
+    tu_fill(f[k].x, T * d, 21, 1.0f);
+    tu_fill(f[k].dout, T * d, 22, 1.0f);
+    f[k].pk = (dsv4_packing){cu, real, 4, T, 0};
+    if (k == 1) ok = tu_ok(dsv4_layer_set_recompute(f[k].l, 1), "recompute on");
+    if (ok && cp && !comm) ok = tu_ok(dsv4_comm_create_self(&comm), "comm");
+    const dsv4_cp_config cfg = {DSV4_SPLIT_CONTIGUOUS, 1};
+    if (ok && cp) ok = tu_ok(dsv4_cp_patch(dsv4_layer_core(f[k].l), comm, &cfg), "patch");
+    dsv4_weights_zero(f[k].g);
+    ok = ok && tu_ok(dsv4_layer_forward(f[k].l, f[k].out, f[k].topk, &f[k].loss, f[k].x, T, &f[k].pk, 1), "forward");
+    saved[k] = dsv4_layer_saved_bytes(f[k].l);
+    ok = ok && tu_ok(dsv4_layer_backward(f[k].l, f[k].dx, f[k].g, f[k].dout, 1.0f), "backward");
+  }
+  if (ok) {
+    const int64_t d = f[0].cfg.dim;
+    int same = !memcmp(f[0].out, f[1].out, sizeof(float) * T * d) && !memcmp(f[0].dx, f[1].dx, sizeof(float) * T * d) &&
+               !memcmp(&f[0].loss, &f[1].loss, sizeof(float));
+    if (f[0].cfg.compress_ratios[layer] == 4)
+      same &= !memcmp(f[0].topk, f[1].topk, sizeof(int32_t) * T * f[0].cfg.index_topk);
+    for (int i = 0; i < dsv4_weights_count(f[0].g); i++) {
+      dsv4_tensor ta, tb;
+      if (dsv4_weights_get(f[0].g, i, &ta) != DSV4_OK || dsv4_weights_get(f[1].g, i, &tb) != DSV4_OK) same = 0;
+      else same &= !memcmp(ta.data, tb.data, sizeof(float) * (size_t)ta.numel);
+    }
+    tu_check(same, "layer %d%s: recomputation gives bitwise the same out, top-k, loss, dx and every gradient",
+             layer, cp ? " (CP path, one rank)" : "");
+    tu_check(saved[1] > 0 && saved[1] * 2 < saved[0], "layer %d%s: recomputation keeps %zu bytes instead of %zu",
+             layer, cp ? " (CP path)" : "", saved[1], saved[0]);
+  }
+  teardown(&f[0]);
+  teardown(&f[1]);
+  dsv4_comm_free(comm);
+}
+
 int main(void) {
   for (int layer = 0; layer < 3; layer++) {
     fast_vs_naive(layer, 0);
     fast_vs_naive(layer, 1);
     cp_self(layer);
+    recompute_bitwise(layer, 0);
+    recompute_bitwise(layer, 1);
   }
   finite_differences(0, "x", 6);
   finite_differences(0, "attn.wq_a.weight", 6);
