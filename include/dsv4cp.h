@@ -358,7 +358,7 @@ DSV4_API dsv4_core *dsv4_layer_core(dsv4_layer *l);
 DSV4_API void dsv4_layer_set_impl(dsv4_layer *l, dsv4_impl impl);
 /* on = 1: recomputation. A training forward keeps neither the queries q nor the attention output o
  * (2 H D floats per row, most of what the layer keeps) nor the indexer queries; the backward
- * rebuilds them chunk by chunk (DSV4_CHUNK_ROWS rows at a time), so transient buffers stay bounded
+ * rebuilds them chunk by chunk (512 rows at a time), so transient buffers stay bounded
  * too. Results (forward and backward) are bitwise the same as without it; the cost is one more
  * query projection and attention forward in the backward. Forgets a pending training forward. */
 DSV4_API dsv4_status dsv4_layer_set_recompute(dsv4_layer *l, int on);

@@ -119,7 +119,7 @@ def run_case(build, name, args, bitwise, ranks=RANKS, ref_each=True):
 
 def test_recompute_bytes(build):
     """`run --recompute` writes byte for byte the file `run` writes, at N = 1 and 2 (every layer kind,
-    a stream of three backward chunks and documents of any length)."""
+    a stream of several backward chunks and documents of any length)."""
     x = os.path.join(T.golden_dir(build), "rc_in.safetensors")
     g = os.path.join(T.golden_dir(build), "rc_dout.safetensors")
     rng = np.random.default_rng(7)

@@ -192,7 +192,7 @@ static void cp_self(int layer) {
 }
 
 /* Recomputation must not change a bit: the same forward and backward with and without it, on a
- * stream long enough for three backward chunks (DSV4_CHUNK_ROWS rows), documents of any length;
+ * stream of several backward chunks (DSV4_CHUNK_ROWS rows each), documents of any length;
  * and it must keep less. Then the same through the CP path on one rank. */
 static void recompute_bitwise(int layer, int cp) {
   static const int32_t cu[5] = {0, 700, 1503, 2499, 2500}, real[4] = {700, 777, 996, 1};
