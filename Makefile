@@ -32,7 +32,7 @@ TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 MPITEST_SRC := $(wildcard tests/c/mpitest_*.c)
 TEST_BIN += $(MPITEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 
-.PHONY: all deps test test-fast test-asan demo bench install clean
+.PHONY: all deps test test-fast test-asan demo bench bench-long install clean
 all: $(BUILD)/libdsv4cp.a $(BUILD)/libdsv4cp.so $(BUILD)/dsv4cp $(TEST_BIN)
 
 HEADERS  := $(wildcard include/*.h src/*/*.h tools/*.h tests/c/*.h)
@@ -87,6 +87,10 @@ demo: deps all
 
 bench: deps all
 	bench/run_bench.sh $(BUILD)
+
+# CSA and HCA at 65,536 tokens, CP = 2, with recomputation (about 20 minutes)
+bench-long: deps all
+	bench/run_bench_long.sh $(BUILD)
 
 install: all
 	install -d $(PREFIX)/include $(PREFIX)/lib/pkgconfig $(PREFIX)/bin
