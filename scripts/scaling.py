@@ -1,5 +1,5 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""scaling.py [BUILD]: the planner's numbers behind docs/scaling.md (dsv4cp plan --json and
+"""scaling.py [BUILD] [--limits]: the planner's numbers behind docs/scaling.md (dsv4cp plan --json and
 --memory-budget on V4-Flash, with recomputation, one thread per rank), printed as Markdown tables:
 memory of the largest rank for 128K..4M tokens on 8..1024 ranks, what grows at a fixed shard
 length, the longest sequence that fits 80 and 141 GiB, and the bytes each rank moves."""
@@ -70,5 +70,33 @@ def main():
         print(f"| {n} | " + " | ".join(f"{fit[(r, b)] / 2**20:.2f}M" for r in (4, 128, 0) for b in ("80G", "141G")) + " |")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and (len(sys.argv) < 3 or sys.argv[2] != "--limits"):
     main()
+
+
+def limits():
+    """CSA's per-rank memory as c + b S/N + a S (a: the O(S) bytes per token of the whole sequence a
+    rank holds: replicated compressed kv and indexer keys, their gathered buffers and gradients),
+    fitted to three plans; then the longest sequence on 1024 ranks of 80 / 141 GiB if `a` shrank
+    (bf16 compressed kv, only the indexer keys global as in select-then-fetch, one copy per node)."""
+    pts = [(4096 * 64, 64), (4096 * 1024, 1024), (4194304, 256)]
+    rows, rhs = [], []
+    for S, N in pts:
+        p = plan(S, N)
+        rows.append([1.0, S / N, float(S)])
+        rhs.append(worst([l for l in p["layers"] if l["ratio"] == 4][0])["total"])
+    import numpy as np
+    c, b, a = np.linalg.solve(np.array(rows), np.array(rhs))
+    print(f"\nCSA per rank ~ {c / GiB:.2f} GiB + {b / 1024:.1f} KiB per local token + {a:.0f} B per token of the whole "
+          "sequence (fitted to three plans).\n")
+    print("| CSA, 1024 ranks | O(S) bytes per token | longest in 80 GiB | longest in 141 GiB |")
+    print("|---|---|---|---|")
+    for name, k in (("as built (fp32, fetch then select)", 1.0), ("bf16 compressed kv and messages", 0.5),
+                    ("select-then-fetch: only the indexer keys global", 128 / 640),
+                    ("one copy per 8-rank node (shared memory)", 1 / 8)):
+        fits = [(bud * GiB - c) / (b / 1024 + a * k) for bud in (80, 141)]
+        print(f"| {name} | {a * k:.0f} | {fits[0] / 2**20:.0f}M | {fits[1] / 2**20:.0f}M |")
+
+
+if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[2] == "--limits":
+    limits()
