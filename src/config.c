@@ -359,7 +359,8 @@ dsv4_status dsv4_config_parse(dsv4_config *cfg, const char *json_text) {
              cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - json_text) : -1L);
   DSV4_CHECK(cJSON_IsObject(root), DSV4_ERR_FORMAT, "config: top level must be a JSON object");
   /* a file written for DeepSeek's inference code names the model dimension "dim" */
-  const int ma_style = cJSON_GetObjectItemCaseSensitive(root, "dim") || cJSON_GetObjectItemCaseSensitive(root, "n_heads");
+  const int ma_style = cJSON_GetObjectItemCaseSensitive(root, "dim") != NULL ||
+                       cJSON_GetObjectItemCaseSensitive(root, "n_heads") != NULL;
   DSV4_TRY(get_int(root, "hidden_size", "dim", 1, &cfg->dim));
   DSV4_TRY(get_int(root, "num_attention_heads", "n_heads", 1, &cfg->n_heads));
   DSV4_TRY(get_int(root, "head_dim", NULL, 1, &cfg->head_dim));

@@ -51,6 +51,8 @@ echo "== context parallelism (mpirun -np 1..4)"
 run "cp" $PY tests/test_cp.py --build "$BUILD"
 echo "== command line"
 run "cli" $PY tests/test_cli.py --build "$BUILD"
+echo "== released checkpoints: shards, index, FP8, MTP names (tests/ckptlib.py writes them by hand)"
+run "checkpoint" $PY tests/test_checkpoint.py --build "$BUILD"
 echo "== benchmark smoke run"
 run "bench smoke" $PY tests/test_bench_smoke.py --build "$BUILD"
 

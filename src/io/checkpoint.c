@@ -278,7 +278,7 @@ dsv4_status dsv4_ckpt_locate(dsv4_ckpt *c, const char *name, const int block[2],
   const size_t n = strlen(name), k = strlen(WEIGHT_SUFFIX);
   const int is_weight = n >= k && !strcmp(name + n - k, WEIGHT_SUFFIX);
   DSV4_CHECK(is_weight && t->ndim == 2, DSV4_ERR_TENSOR, "%s: tensor '%s' is F8_E4M3 but is not a 2-d '...weight' "
-             "matrix with a block scale", out->shard, name);
+             "matrix with a block scale", dsv4_st_path(out->file), name);
   DSV4_CHECK(n + sizeof SCALE_INV_SUFFIX < sizeof sname[0], DSV4_ERR_TENSOR, "tensor name '%.80s...' is too long",
              name);
   snprintf(sname[0], sizeof sname[0], "%.*s%s", (int)(n - k), name, SCALE_SUFFIX);
@@ -293,7 +293,7 @@ dsv4_status dsv4_ckpt_locate(dsv4_ckpt *c, const char *name, const int block[2],
   const dsv4_st_info *s = out->scale;
   DSV4_CHECK(s->dtype == DSV4_DT_F8_E8M0 || s->dtype == DSV4_DT_F32 || s->dtype == DSV4_DT_BF16 ||
              s->dtype == DSV4_DT_F16, DSV4_ERR_TENSOR, "%s: scale '%s' has dtype %s, expected F8_E8M0 or F32",
-             out->scale_shard, sn, s->dtype_name);
+             dsv4_st_path(out->scale_file), sn, s->dtype_name);
   DSV4_CHECK(block && block[0] > 0 && block[1] > 0, DSV4_ERR_ARG, "checkpoint: FP8 block size must be positive");
   out->block[0] = block[0];
   out->block[1] = block[1];
@@ -302,7 +302,7 @@ dsv4_status dsv4_ckpt_locate(dsv4_ckpt *c, const char *name, const int block[2],
     dsv4_st_shape_str(got, sizeof got, s->shape, s->ndim);
     dsv4_st_shape_str(want, sizeof want, want_shape, 2);
     DSV4_FAIL(DSV4_ERR_TENSOR, "%s: scale '%s' has shape %s, expected %s for weight [%" PRId64 ", %" PRId64 "] in "
-              "%d x %d blocks (quantization_config.weight_block_size)", out->scale_shard, sn, got, want,
+              "%d x %d blocks (quantization_config.weight_block_size)", dsv4_st_path(out->scale_file), sn, got, want,
               t->shape[0], t->shape[1], block[0], block[1]);
   }
 fail:
@@ -326,9 +326,9 @@ static dsv4_status read_scales(const dsv4_ckpt_tensor *t, float *dst) {
     DSV4_TRY(dsv4_st_read_f32(t->scale_file, s, dst));
   }
   for (int64_t i = 0; i < s->numel; i++)
-    DSV4_CHECK(isfinite(dst[i]), DSV4_ERR_TENSOR, "%s: scale '%s' [%" PRId64 ", %" PRId64 "] is %s%s", t->scale_shard,
-               s->name, i / s->shape[1], i % s->shape[1], isnan(dst[i]) ? "NaN" : "infinite",
-               raw ? " (E8M0 byte 0xff)" : "");
+    DSV4_CHECK(isfinite(dst[i]), DSV4_ERR_TENSOR, "%s: scale '%s' [%" PRId64 ", %" PRId64 "] is %s%s",
+               dsv4_st_path(t->scale_file), s->name, i / s->shape[1], i % s->shape[1],
+               isnan(dst[i]) ? "NaN" : "infinite", raw ? " (E8M0 byte 0xff)" : "");
 fail:
   free(raw);
   return rc;
@@ -363,7 +363,8 @@ static dsv4_status dequant(const dsv4_ckpt_tensor *t, float *dst) {
       for (int64_t k = 0; k < cols; k++) {
         if (isfinite(o[k])) continue;
         const int nan_code = (q[k] & 0x7f) == 0x7f;
-        DSV4_FAIL(DSV4_ERR_TENSOR, "%s: tensor '%s' [%" PRId64 ", %" PRId64 "] %s", t->shard, t->t->name, r, k,
+        DSV4_FAIL(DSV4_ERR_TENSOR, "%s: tensor '%s' [%" PRId64 ", %" PRId64 "] %s", dsv4_st_path(t->file), t->t->name,
+                  r, k,
                   nan_code ? "holds the E4M3 NaN code" : "dequantises to an infinite value (E4M3 value times its "
                   "block scale overflows fp32)");
       }

@@ -276,13 +276,13 @@ dsv4_status dsv4_weights_locate(dsv4_weights *w, dsv4_ckpt *c, dsv4_ckpt_tensor 
     DSV4_CHECK(info->dtype == DSV4_DT_F32 || info->dtype == DSV4_DT_BF16 || info->dtype == DSV4_DT_F16 ||
                    info->dtype == DSV4_DT_F8_E4M3,
                DSV4_ERR_TENSOR, "%s: tensor '%s' has dtype %s, expected F32, BF16, F16 or F8_E4M3 (with a block scale)",
-               s->shard, full, info->dtype_name);
+               dsv4_st_path(s->file), full, info->dtype_name);
     int same = info->ndim == t->ndim;
     for (int d = 0; same && d < t->ndim; d++) same = info->shape[d] == t->shape[d];
     if (!same) {
       dsv4_st_shape_str(want, sizeof want, t->shape, t->ndim);
       dsv4_st_shape_str(got, sizeof got, info->shape, info->ndim);
-      DSV4_FAIL(DSV4_ERR_TENSOR, "%s: tensor '%s' has shape %s, expected %s", s->shard, full, got, want);
+      DSV4_FAIL(DSV4_ERR_TENSOR, "%s: tensor '%s' has shape %s, expected %s", dsv4_st_path(s->file), full, got, want);
     }
   }
 fail:
@@ -299,8 +299,8 @@ dsv4_status dsv4_weights_read(dsv4_weights *w, const dsv4_ckpt_tensor *src) {
     const dsv4_ckpt_tensor *s = &src[i++];
     DSV4_TRY(dsv4_ckpt_read_f32(s, t->data));
     for (int64_t k = 0; k < t->numel; k++)
-      DSV4_CHECK(isfinite(t->data[k]), DSV4_ERR_TENSOR, "%s: tensor '%s' has a non-finite value at %lld", s->shard,
-                 s->t->name, (long long)k);
+      DSV4_CHECK(isfinite(t->data[k]), DSV4_ERR_TENSOR, "%s: tensor '%s' has a non-finite value at %lld",
+                 dsv4_st_path(s->file), s->t->name, (long long)k);
   }
 fail:
   return rc;
