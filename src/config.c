@@ -24,6 +24,7 @@
 #define DEFAULT_INDEX_LOSS_COEFF 1e-3
 #define DSV4_FP8_BLOCK_DEFAULT 128   /* V4's scale block (DeepSeek's model.py: block_size = 128) */
 #define DSV4_FP8_BLOCK_MAX (1 << 20) /* larger blocks are nonsense, and products stay in int64 */
+#define DSV4_MAX_DIM (1 << 20)       /* any size or count: keeps every product of a few in int64 */
 #define FLASH_HIDDEN_LAYERS 43       /* num_hidden_layers: layer 43 is V4-Flash's MTP layer */
 #define PRO_HIDDEN_LAYERS 61
 
@@ -100,8 +101,9 @@ static int any_ratio(const dsv4_config *c, int r) {
 dsv4_status dsv4_config_validate(const dsv4_config *c) {
   dsv4_status rc = DSV4_OK;
   DSV4_CHECK(c, DSV4_ERR_ARG, "config: NULL");
-#define POSITIVE(field, key) \
-  DSV4_CHECK(c->field > 0, DSV4_ERR_CONFIG, "config: %s must be positive (got %d)", key, c->field)
+#define POSITIVE(field, key)                                                                            \
+  DSV4_CHECK(c->field > 0 && c->field <= DSV4_MAX_DIM, DSV4_ERR_CONFIG, "config: %s must be in [1, %d] (got %d)", \
+             key, DSV4_MAX_DIM, c->field)
   POSITIVE(dim, "hidden_size");
   POSITIVE(n_heads, "num_attention_heads");
   POSITIVE(head_dim, "head_dim");

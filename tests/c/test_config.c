@@ -139,6 +139,10 @@ static void test_namings(void) {
   parse_case("hidden_size 1e300", "{\"hidden_size\": 1e300, \"num_attention_heads\": 4, \"head_dim\": 32, "
              "\"qk_rope_head_dim\": 16, \"q_lora_rank\": 48, \"o_groups\": 2, \"o_lora_rank\": 24, "
              "\"sliding_window\": 16, \"compress_ratios\": [0]}", DSV4_ERR_CONFIG, "'hidden_size'");
+  parse_case("hidden_size 2^21 (sizes are bounded so products stay in int64)", "{\"hidden_size\": 2097152, "
+             "\"num_attention_heads\": 4, \"head_dim\": 32, \"qk_rope_head_dim\": 16, \"q_lora_rank\": 48, "
+             "\"o_groups\": 2, \"o_lora_rank\": 24, \"sliding_window\": 16, \"compress_ratios\": [0]}",
+             DSV4_ERR_CONFIG, "hidden_size must be in [1, 1048576]");
   parse_case("num_hidden_layers 1e19", "{" BASE ", \"compress_ratios\": [0], \"num_hidden_layers\": 1e19}",
              DSV4_ERR_CONFIG, "1e+19");
   parse_case("rope_theta 1e999 (inf)", "{" BASE ", \"compress_ratios\": [0], \"rope_theta\": 1e999}", DSV4_ERR_CONFIG,
