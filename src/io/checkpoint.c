@@ -22,7 +22,7 @@
 #include "util/err.h"
 #include "util/fileio.h"
 
-#define READ_CHUNK_BYTES (1u << 20) /* raw FP8 bytes decoded per read */
+#define READ_CHUNK_BYTES (4u << 20) /* raw FP8 bytes decoded per read */
 #define SCALE_SUFFIX "scale"
 #define SCALE_INV_SUFFIX "_scale_inv"
 #define WEIGHT_SUFFIX "weight"
@@ -334,9 +334,37 @@ fail:
   return rc;
 }
 
+/* Decodes rows [r0, r0 + nr) from raw codes; returns 1 when some value is NaN or infinite. Rows are
+ * independent: OpenMP threads split them. The non-finite test looks only at exponent bits, so the
+ * compiler vectorises it as a reduction; the caller finds the element only when it fails. */
+static int decode_rows(float *dst, const uint8_t *raw, const float *lut, const float *scale, int64_t r0, int64_t nr,
+                       int64_t cols, int64_t b0, int64_t b1, int64_t sc) {
+  int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad)
+  for (int64_t r = r0; r < r0 + nr; r++) {
+    const uint8_t *q = raw + (r - r0) * cols;
+    const float *srow = scale + (r / b0) * sc;
+    float *o = dst + r * cols;
+    for (int64_t k0 = 0; k0 < cols; k0 += b1) {
+      const float s = srow[k0 / b1];
+      const int64_t k1 = k0 + b1 < cols ? k0 + b1 : cols;
+      for (int64_t k = k0; k < k1; k++) o[k] = lut[q[k]] * s;
+    }
+    uint32_t inf_or_nan = 0;
+    for (int64_t k = 0; k < cols; k++) {
+      uint32_t u;
+      memcpy(&u, &o[k], 4);
+      inf_or_nan |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    bad |= (int)inf_or_nan;
+  }
+  return bad;
+}
+
 /* W[n][k] = e4m3(Wq[n][k]) * S[n / b0][k / b1], read in chunks of whole rows. Each product is one
  * fp32 multiplication of two exactly decoded values: exact for power-of-two (E8M0) scales, the
- * correctly rounded product for F32 scales. */
+ * correctly rounded product for F32 scales. Napkin math: per weight 1 byte read, one table lookup,
+ * one multiply, 4 bytes written; V4-Flash's CSA layer (~115 MB of FP8) decodes in ~0.1 s per core. */
 static dsv4_status dequant(const dsv4_ckpt_tensor *t, float *dst) {
   dsv4_status rc = DSV4_OK;
   const int64_t rows = t->t->shape[0], cols = t->t->shape[1], b0 = t->block[0], b1 = t->block[1];
@@ -351,23 +379,13 @@ static dsv4_status dequant(const dsv4_ckpt_tensor *t, float *dst) {
   for (int64_t r0 = 0; r0 < rows; r0 += per) {
     const int64_t nr = rows - r0 < per ? rows - r0 : per;
     DSV4_TRY(dsv4_st_read_bytes(t->file, t->t, (uint64_t)(r0 * cols), raw, (size_t)(nr * cols)));
-    for (int64_t r = r0; r < r0 + nr; r++) {
-      const uint8_t *q = raw + (r - r0) * cols;
-      const float *srow = scale + (r / b0) * sc;
-      float *o = dst + r * cols;
-      for (int64_t k0 = 0; k0 < cols; k0 += b1) {
-        const float s = srow[k0 / b1];
-        const int64_t k1 = k0 + b1 < cols ? k0 + b1 : cols;
-        for (int64_t k = k0; k < k1; k++) o[k] = lut[q[k]] * s;
-      }
-      for (int64_t k = 0; k < cols; k++) {
-        if (isfinite(o[k])) continue;
-        const int nan_code = (q[k] & 0x7f) == 0x7f;
-        DSV4_FAIL(DSV4_ERR_TENSOR, "%s: tensor '%s' [%" PRId64 ", %" PRId64 "] %s", dsv4_st_path(t->file), t->t->name,
-                  r, k,
-                  nan_code ? "holds the E4M3 NaN code" : "dequantises to an infinite value (E4M3 value times its "
-                  "block scale overflows fp32)");
-      }
+    if (!decode_rows(dst, raw, lut, scale, r0, nr, cols, b0, b1, sc)) continue;
+    for (int64_t i = 0; i < nr * cols; i++) {
+      const int64_t r = r0 + i / cols, k = i % cols;
+      if (isfinite(dst[r * cols + k])) continue;
+      DSV4_FAIL(DSV4_ERR_TENSOR, "%s: tensor '%s' [%" PRId64 ", %" PRId64 "] %s", dsv4_st_path(t->file), t->t->name,
+                r, k, (raw[i] & 0x7f) == 0x7f ? "holds the E4M3 NaN code" : "dequantises to an infinite value "
+                "(E4M3 value times its block scale overflows fp32)");
     }
   }
 fail:

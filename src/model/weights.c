@@ -298,6 +298,7 @@ dsv4_status dsv4_weights_read(dsv4_weights *w, const dsv4_ckpt_tensor *src) {
     if (!t->data) continue;
     const dsv4_ckpt_tensor *s = &src[i++];
     DSV4_TRY(dsv4_ckpt_read_f32(s, t->data));
+    if (s->scale) continue; /* dequantisation checked every value already */
     for (int64_t k = 0; k < t->numel; k++)
       DSV4_CHECK(isfinite(t->data[k]), DSV4_ERR_TENSOR, "%s: tensor '%s' has a non-finite value at %lld",
                  dsv4_st_path(s->file), s->t->name, (long long)k);
