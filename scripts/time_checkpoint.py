@@ -35,9 +35,6 @@ NUM_SHARDS = 46                  # as V4-Flash's release
 EXPERT_HOLE_BYTES = 3 << 30      # a 3 GiB I8 tensor per shard (a hole)
 SMALL_PER_SHARD = 1500           # 46 x 1500 = 69,000 names, like the release's 69,187
 BLOCK = 128
-FP8 = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight", "attn.wo_b.weight",
-       "attn.indexer.wq_b.weight")
-F32 = ("attn.attn_sink", "attn.compressor.ape", "attn.indexer.compressor.ape")
 FLASH = {"hidden_size": 4096, "num_attention_heads": 64, "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024,
          "o_groups": 8, "o_lora_rank": 1024, "sliding_window": 128, "index_n_heads": 64, "index_head_dim": 128,
          "index_topk": 512, "num_hidden_layers": 43, "num_nextn_predict_layers": 1,
@@ -58,13 +55,13 @@ def layer_tensors(rng, layer, prefix):
     for short, shape in layer_spec.weight_shapes(lc).items():
         name = prefix + short
         n = int(np.prod(shape))
-        if short in FP8:
+        if short in K.RELEASED_FP8:
             r = rng.integers(0, 254, n, dtype=np.uint8)
             codes = r + (r >= 0x7F)                     # every finite E4M3 code, never 0x7f / 0xff
             scales = np.full((-(-shape[0] // BLOCK), -(-shape[1] // BLOCK)), 127 - 9, dtype=np.uint8)
             out.append((name, "F8_E4M3", shape, codes.astype(np.uint8).tobytes()))
             out.append((name[: -len("weight")] + "scale", "F8_E8M0", scales.shape, scales.tobytes()))
-        elif short in F32:
+        elif short in K.RELEASED_F32:
             out.append((name, "F32", shape, rng.standard_normal(n).astype(np.float32).tobytes()))
         else:
             out.append((name, "BF16", shape, K.bf16_bits(rng.standard_normal(n).astype(np.float32))[0].tobytes()))

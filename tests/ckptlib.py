@@ -18,6 +18,10 @@ import struct
 
 import numpy as np
 
+# dtypes of one layer's attention tensors in DeepSeek's released files (the rest are BF16)
+RELEASED_FP8 = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight", "attn.wo_b.weight",
+                "attn.indexer.wq_b.weight")           # F8_E4M3 with an F8_E8M0 scale
+RELEASED_F32 = ("attn.attn_sink", "attn.compressor.ape", "attn.indexer.compressor.ape")
 HEADER_ALIGN = 8
 E4M3_NAN = (0x7F, 0xFF)
 E8M0_NAN = 0xFF

@@ -34,9 +34,6 @@ import layer_spec  # noqa: E402
 MTP_LAYER = 3
 LAYERS = {0: "SWA", 1: "CSA", 2: "HCA", MTP_LAYER: "MTP"}
 BLOCK = (16, 12)                 # rows x cols per scale: every FP8 weight has partial edge blocks
-FP8_NAMES = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight", "attn.wo_b.weight",
-             "attn.indexer.wq_b.weight")          # F8_E4M3 in the released files
-F32_NAMES = ("attn.attn_sink", "attn.compressor.ape", "attn.indexer.compressor.ape")
 DOCS = ((384, 380), (128, 128))  # padded:real; HCA needs >= 128 real tokens per slot; T/2 = 2 x 128
 NUM_SHARDS = 4
 
@@ -101,7 +98,7 @@ def add_layer(lay, rng, cfg, layer, prefix, shard_of, block, scale_kind="E8M0", 
     for short, shape in layer_spec.weight_shapes(lc).items():
         w = random_weight(rng, short, shape).astype(np.float32)
         name = prefix + short
-        if short in FP8_NAMES:
+        if short in K.RELEASED_FP8:
             codes, scales = K.quantize_fp8(w, block)
             sname = name[: -len("weight")] + "scale" if scale_suffix == "scale" else name + "_scale_inv"
             lay.add(shard_of(short, False), name, "F8_E4M3", shape, codes.tobytes())
@@ -112,7 +109,7 @@ def add_layer(lay, rng, cfg, layer, prefix, shard_of, block, scale_kind="E8M0", 
                 f32 = K.e8m0_decode(scales).astype(np.float32)
                 lay.add(shard_of(short, True), sname, "F32", scales.shape, f32.tobytes())
                 lay.values[name] = K.dequantize(codes, f32, block)
-        elif short in F32_NAMES:
+        elif short in K.RELEASED_F32:
             lay.add(shard_of(short, False), name, "F32", shape, w.tobytes())
             lay.values[name] = w
         else:

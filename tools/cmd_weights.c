@@ -5,7 +5,6 @@
  * the others only take part in the error check. */
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "io/checkpoint.h"
 #include "job.h"
@@ -24,12 +23,6 @@ static const char *USAGE =
     "for each tensor the name found, shape, dtype in the file, shard, bytes read and whether it is\n"
     "dequantised (FP8 E4M3 x block scale) or converted; then loads the layer as `run` does, checking every\n"
     "value, and prints the time. --export also writes the layer's fp32 tensors under those names.";
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + 1e-9 * t.tv_nsec;
-}
 
 /* "CSA (compress ratio 4)" etc., and whether the layer is a multi-token-prediction layer. */
 static const char *kind_name(int r) {
@@ -117,9 +110,9 @@ static void inspect(cli_ctx *c, dsv4_weights *w, const char *path, const char *e
   dsv4_st_writer *wr = NULL;
   char names[32][160], e[600];
   const int n = dsv4_weights_count(w);
-  const double t0 = now();
+  const double t0 = MPI_Wtime();
   if (cli_lib(c, dsv4_ckpt_open(&ck, path)) || cli_lib(c, dsv4_weights_locate(w, ck, src))) goto done;
-  const double t1 = now();
+  const double t1 = MPI_Wtime();
   int opened = 0;
   const int shards = dsv4_ckpt_shards(ck, &opened);
   printf("checkpoint %s: %d shard%s, %d opened for this layer; ", dsv4_escape(e, sizeof e, dsv4_ckpt_path(ck)),
@@ -128,9 +121,9 @@ static void inspect(cli_ctx *c, dsv4_weights *w, const char *path, const char *e
   else printf("short names (attn.*, no layer prefix)\n\n");
   const uint64_t bytes = list_found(w, src, n);
   fflush(stdout);
-  const double t2 = now();
+  const double t2 = MPI_Wtime();
   if (cli_lib(c, dsv4_weights_read(w, src))) goto done;
-  const double t3 = now();
+  const double t3 = MPI_Wtime();
   int64_t params = 0;
   dsv4_weights_block(w, &params);
   printf("\n%d tensors, %lld parameters, %.1f MB read: loaded and checked in %.3f s (index and %d shard header%s "

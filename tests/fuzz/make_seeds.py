@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "ref"))
 import ckptlib as K  # noqa: E402
 import layer_spec  # noqa: E402
 
-# the config fuzz_safetensors.c loads layers 1 (CSA) and 3 (MTP) of (4 x 4 FP8 blocks)
+# the config fuzz_safetensors.c loads layers 1 (CSA) and 3 (MTP) of (4 x 4 FP8 blocks, as here)
 FUZZ_CFG = {"hidden_size": 16, "num_attention_heads": 2, "head_dim": 8, "qk_rope_head_dim": 4, "q_lora_rank": 8,
             "o_groups": 1, "o_lora_rank": 4, "sliding_window": 4, "index_n_heads": 1, "index_head_dim": 8,
             "index_topk": 2, "compress_ratios": [0, 4, 128, 0], "num_hidden_layers": 3,
@@ -24,8 +24,6 @@ FUZZ_CFG = {"hidden_size": 16, "num_attention_heads": 2, "head_dim": 8, "qk_rope
                              "beta_fast": 32, "beta_slow": 1},
             "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
                                     "weight_block_size": [4, 4]}}
-FP8 = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight", "attn.wo_b.weight",
-       "attn.indexer.wq_b.weight")
 
 
 def out(name, fname, data):
@@ -50,7 +48,7 @@ def layer_entries(layer, prefix, f32_scales=False):
     for short, shape in layer_spec.weight_shapes(lc).items():
         w = (rng.standard_normal(shape) * 0.3).astype(np.float32)
         name = prefix + short
-        if short in FP8:
+        if short in K.RELEASED_FP8:
             codes, scales = K.quantize_fp8(w, (4, 4))
             entries.append((name, "F8_E4M3", shape, codes.tobytes()))
             if f32_scales:
