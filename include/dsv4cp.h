@@ -6,7 +6,8 @@
  *  - Functions return dsv4_status; on failure dsv4_last_error() holds one line that names the bad
  *    argument. The library never exits and never prints to stdout.
  *  - Tensors are fp32, row-major, contiguous; a comment gives each pointer's shape, e.g. // [T, H, D].
- *    Notation as in SPEC.md: T tokens, H heads, D head dim, d model dim, dq q latent, Hi/Di indexer
+ *    Notation as in docs/spec.md ("SPEC n" in comments is its section n): T tokens, H heads,
+ *    D head dim, d model dim, dq q latent, Hi/Di indexer
  *    heads/dim, C compressed slots, k = index_topk, r = compress ratio of the layer (0, 4, 128).
  *  - "overwritten" outputs are fully written; "accumulated" outputs are added into (zero them first).
  *  - Pointers marked "may be NULL" are optional.

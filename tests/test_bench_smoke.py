@@ -20,13 +20,16 @@ def main():
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     res = os.path.join(out, "results.jsonl")
-    for n, layer in ((1, 1), (2, 1), (2, 2)):
-        rc, o, e = T.cli(a.build, ["bench", "--preset", "tiny", "--layer", str(layer), "--seq", "512", "--reps", "1",
-                                   "--threads", "1", "--json", res], nranks=n, timeout=120)
-        T.check(rc == 0, f"bench smoke N={n} layer {layer} runs", (e or o).strip()[-200:])
+    # the last two: randomly packed documents (any length) with windows straddling rank boundaries
+    runs = ((1, 1, []), (2, 1, []), (2, 2, []), (3, 1, ["--doc-lengths", "5:40"]),
+            (4, 2, ["--doc-lengths", "50:300", "--split", "zigzag"]))
+    for n, layer, extra in runs:
+        rc, o, e = T.cli(a.build, ["bench", "--preset", "tiny", "--layer", str(layer), "--seq", "768", "--reps", "1",
+                                   "--threads", "1", "--json", res] + extra, nranks=n, timeout=120)
+        T.check(rc == 0, f"bench smoke N={n} layer {layer} {' '.join(extra)} runs", (e or o).strip()[-200:])
     recs = [json.loads(l) for l in open(res)] if os.path.exists(res) else []
-    T.check(len(recs) == 3 and all(r["gflops"] > 0 and r["fwd_s"] > 0 for r in recs), "bench smoke: JSON records",
-            f"{len(recs)} records")
+    T.check(len(recs) == len(runs) and all(r["gflops"] > 0 and r["fwd_s"] > 0 for r in recs),
+            "bench smoke: JSON records", f"{len(recs)} records")
     multi = [r for r in recs if r["ranks"] > 1]
     T.check(multi and all(r["bytes_match_plan"] is True for r in multi), "bench smoke: measured bytes == plan",
             str([r["bytes_match_plan"] for r in multi]))

@@ -1,16 +1,19 @@
 #!/usr/bin/env -S /usr/bin/python3
 """test_cp.py: context parallelism end to end. Every case runs with CP = 1 and under
-`mpirun -np N` (N = 2, 3, 4, contiguous and zigzag splits where they divide), forward and
-backward, and is compared
+`mpirun -np N` (N = 2, 3, 4 for the padded cases; up to 8 for the unpadded ones; contiguous and
+zigzag splits), forward and backward, and is compared
   - with the CP = 1 output: out, top-k and the KL loss bitwise (when this BLAS gives a row the same
-    bits at any position of a call, see util/gemm.h), dx 1e-5 and rank-summed weight gradients 1e-4
-    relative (SPEC 6);
+    bits at any position of a call under the CLI's kernels, see util/gemm.h and `dsv4cp info`), dx
+    1e-5 and rank-summed weight gradients 1e-4 relative (SPEC 6);
   - with the float64 PyTorch reference (SPEC 8).
-Layouts that SPEC 5 forbids must fail loudly: a non-zero exit with one error line on EVERY rank,
-within seconds. Also: `dsv4cp check`, the SGD loss equivalence of `dsv4cp train`, and the
-library-level agreement check (ranks given different inputs)."""
+Splits that SPEC 5 forbids (only T % N, or T % 2N for zigzag) and bad packing meta must fail
+loudly: a non-zero exit with one error line on EVERY rank, within seconds. Also: a randomized sweep
+of 240 packings in one `mpirun -np 8` (tests/c/mpitest_cp_sweep.c), random packings against the
+reference, `dsv4cp check`, the SGD loss equivalence of `dsv4cp train`, and the library-level
+agreement check (ranks given different inputs)."""
 import argparse
 import os
+import random
 import re
 import sys
 import time
@@ -37,16 +40,33 @@ CP_CASES = {
     "cp_csa_dense": "--ratio 4 --layer 2 --seed 52 --loss-mode dense --docs 32:32,16:13",
 }
 RANKS = (2, 3, 4)
+
+# Unpadded packings (SPEC 4: any document length and start) -> the rank counts each runs with.
+# Documents of 1 .. 3r tokens put compression windows across 1, 2 and 3 rank boundaries.
+UNPADDED_CASES = {
+    # lengths 1..13 (every tail length of r = 4), a mix of padded and unpadded documents, T = 120
+    "cp_csa_unpadded_mix": ("--ratio 4 --layer 2 --seed 71 --topk 5 "
+                            "--docs 1,2,3,5,7:6,9,11,12,13:10,4,6,10,3,1,8,9:2,4,12:7", (2, 3, 5, 6, 8)),
+    # shards shorter than r: L = 3 at N = 8 (a slot and its previous window span 3 ranks), L = 4 at 6
+    "cp_csa_short_shards": ("--ratio 4 --layer 2 --seed 72 --window 5 --docs 24", (3, 6, 8)),
+    # r = 128, one document over 65-row shards at N = 6: a window spans up to 3 ranks
+    "cp_hca_straddle": ("--ratio 128 --layer 3 --seed 73 --window 16 --docs 390:385", (2, 3, 5, 6)),
+    # batch with S % r != 0, windows straddling ranks inside each sequence
+    "cp_csa_batch_unaligned": ("--ratio 4 --layer 2 --seed 74 --batch 3 --seq 30", (2, 3, 5)),
+    "cp_hca_batch_unaligned": ("--ratio 128 --layer 3 --seed 75 --batch 2 --seq 200", (2, 4, 5, 8)),
+    # W - 1 > L with unaligned documents; dense KL loss
+    "cp_csa_wide_window_dense": ("--ratio 4 --layer 2 --seed 76 --window 20 --loss-mode dense --docs 7,30:29,11",
+                                 (2, 3, 4, 6, 8)),
+    "cp_swa_unpadded": ("--ratio 0 --layer 0 --seed 77 --docs 5,1,9:4,13", (2, 4, 7)),
+}
 FAIL_SECONDS = 30  # a loud failure must end the whole job well within this
 
 
-def shard_ok(T_total, seq, batched, n, ratio, zigzag):
-    """Whether SPEC 5 allows this split (unit = the stream, or each sequence when batched)."""
+def shard_ok(T_total, seq, batched, n, zigzag):
+    """Whether SPEC 5 allows this split (unit = the stream, or each sequence when batched): the unit
+    must divide into N slices (2N chunks for zigzag); nothing else is required."""
     unit = seq if batched else T_total
-    pieces = 2 * n if zigzag else n
-    if unit % pieces:
-        return False
-    return ratio == 0 or (unit // pieces) % ratio == 0
+    return unit % (2 * n if zigzag else n) == 0
 
 
 def case_shape(d):
@@ -63,9 +83,10 @@ def expect_loud_failure(name, rc, err, n, seconds):
                    + (f" ({lines[0][15:]})" if lines else f" stderr: {err.strip()[-200:]}"))
 
 
-def run_case(build, name, args, bitwise):
+def run_case(build, name, args, bitwise, ranks=RANKS, ref_each=True):
+    """CP = 1 against the reference, then every N in ranks and both splits against CP = 1 (and,
+    with ref_each, each against the reference too). A split SPEC 5 forbids must fail loudly."""
     d, layer = T.make_case(build, name, args)
-    ratio = int(args.split("--ratio ")[1].split()[0])
     total, seq, batched = case_shape(d)
     one = os.path.join(d, "cp1.safetensors")
     rc, out, err = T.cli(build, ["run"] + T.case_files(d, layer) + ["--output", one])
@@ -73,41 +94,121 @@ def run_case(build, name, args, bitwise):
         return
     ok, line = T.compare_ref(one, os.path.join(d, "exp.safetensors"), name)
     T.check(ok, f"cp {name} N=1 vs float64 reference", line)
-    for n in RANKS:
+    for n in ranks:
         for zigzag in (False, True):
-            if zigzag and n == 3:
+            if zigzag and n == 3 and ref_each:
                 continue
             tag = f"cp {name} N={n}{' zigzag' if zigzag else ''}"
             outp = os.path.join(d, f"cp{n}{'z' if zigzag else ''}.safetensors")
             cmd = ["run"] + T.case_files(d, layer) + ["--output", outp] + (["--split", "zigzag"] if zigzag else [])
             t0 = time.time()
             rc, out, err = T.cli(build, cmd, nranks=n, timeout=120)
-            if not shard_ok(total, seq, batched, n, ratio, zigzag):
+            if not shard_ok(total, seq, batched, n, zigzag):
                 expect_loud_failure(f"{tag} rejected loudly", rc, err, n, time.time() - t0)
                 continue
             if not T.check(rc == 0, f"{tag} runs", err.strip()[-300:]):
                 continue
             fails = T.compare_cp(outp, one, tag, bitwise)
             T.check(not fails, f"{tag} vs CP=1 ({'bitwise forward' if bitwise else 'tolerance'})", "; ".join(fails))
-            ok, line = T.compare_ref(outp, os.path.join(d, "exp.safetensors"), name)
-            T.check(ok, f"{tag} vs float64 reference", line)
+            if ref_each:
+                ok, line = T.compare_ref(outp, os.path.join(d, "exp.safetensors"), name)
+                T.check(ok, f"{tag} vs float64 reference", line)
+
+
+def test_sweep(build, bitwise):
+    """240 random packings (any document lengths, batches, N = 1..8, both splits) in one
+    `mpirun -np 8`: each CP = N result against CP = 1 computed by the same ranks."""
+    exe = os.path.join(build, "tests", "mpitest_cp_sweep")
+    iters = "240" if not T.sanitized() else "60"
+    t0 = time.time()
+    rc, out, err = T.run(["mpirun", "--quiet", "--oversubscribe", "--allow-run-as-root", "-np", "8", exe, iters, "1"],
+                         timeout=600)
+    lines = [l for l in out.splitlines() if l.startswith(("PASS", "FAIL"))]
+    fails = [l for l in lines if l.startswith("FAIL")]
+    for l in fails[:20]:
+        T.check(False, "cp sweep: " + l[5:])
+    if not bitwise:
+        print("note: the sweep demands bitwise forwards; this BLAS is not position invariant")
+    T.check(rc == 0 and len(lines) == int(iters) and not fails,
+            f"cp sweep: {len(lines) - len(fails)} of {iters} random packings equal CP = 1 ({time.time() - t0:.0f} s)",
+            (err.strip()[-300:] if rc else ""))
+
+
+def random_docs(rng, ratio, pieces):
+    """A random packing (padded:real list) of total length divisible by pieces."""
+    unit = ratio or 8
+    docs = []
+    for _ in range(rng.randint(1, 3 if ratio == 128 else 8)):
+        padded = rng.randint(1, 3 * unit)
+        real = rng.randint(1, padded) if rng.random() < 0.3 else padded
+        docs.append((padded, real))
+    total = sum(p for p, _ in docs)
+    if total % pieces:
+        docs.append((pieces - total % pieces,) * 2)
+    return ",".join(f"{p}:{r}" for p, r in docs)
+
+
+def test_random_against_reference(build, bitwise, count=6):
+    """A sample of random packings through the float64 reference: CP = 1 against it, and one random
+    CP = N (N <= 8, random split) against CP = 1."""
+    rng = random.Random(2026)
+    for i in range(count):
+        ratio = rng.choice((0, 4, 4, 128))
+        n = rng.randint(2, 8)
+        zigzag = rng.random() < 0.5
+        docs = random_docs(rng, ratio, 2 * n if zigzag else n)
+        layer = {0: 0, 4: 2, 128: 3}[ratio]
+        name = f"cp_random_{i}"
+        args = f"--ratio {ratio} --layer {layer} --seed {80 + i} --window {rng.randint(1, 20)} --docs {docs}"
+        d, _ = T.make_case(build, name, args)
+        one = os.path.join(d, "cp1.safetensors")
+        rc, out, err = T.cli(build, ["run"] + T.case_files(d, layer) + ["--output", one])
+        if not T.check(rc == 0, f"{name} (r={ratio} docs {docs}) N=1 runs", err.strip()[-200:]):
+            continue
+        ok, line = T.compare_ref(one, os.path.join(d, "exp.safetensors"), name)
+        T.check(ok, f"{name} (r={ratio} docs {docs}) N=1 vs float64 reference", line)
+        outp = os.path.join(d, "cpn.safetensors")
+        rc, out, err = T.cli(build, ["run"] + T.case_files(d, layer) + ["--output", outp]
+                             + (["--split", "zigzag"] if zigzag else []), nranks=n, timeout=120)
+        tag = f"{name} N={n}{' zigzag' if zigzag else ''}"
+        if T.check(rc == 0, f"{tag} runs", err.strip()[-200:]):
+            fails = T.compare_cp(outp, one, tag, bitwise)
+            T.check(not fails, f"{tag} vs CP=1", "; ".join(fails))
 
 
 def test_loud_failures(build):
-    """Layouts SPEC 5 forbids, on random input: every rank must print the error and exit."""
+    """What SPEC 5 forbids (and bad packing meta), on random or file input: every rank must print
+    the same error and exit."""
     bad = [
-        ("T % N != 0", ["--preset", "tiny", "--layer", "0", "--seq", "50"], 4, "not divisible by 4"),
-        ("L % r != 0 (r = 4)", ["--preset", "tiny", "--layer", "1", "--seq", "40"], 4, "multiple of the layer's compress ratio"),
-        ("L % r != 0 (r = 128)", ["--preset", "tiny", "--layer", "2", "--seq", "768"], 4, "multiple of the layer's compress ratio"),
-        ("zigzag needs T % 2N", ["--preset", "tiny", "--layer", "0", "--seq", "36", "--split", "zigzag"], 4, "not divisible"),
-        ("batched S % N", ["--preset", "tiny", "--layer", "0", "--seq", "10", "--batch", "2"], 4, "sequence length"),
-        ("document padding % r", None, 2, "not a multiple of the layer's compress ratio"),
+        ("T % N != 0", ["--preset", "tiny", "--layer", "0", "--seq", "50"], 4, "multiple of 4 (e.g. pad to 52)"),
+        ("zigzag needs T % 2N", ["--preset", "tiny", "--layer", "1", "--seq", "36", "--split", "zigzag"], 4,
+         "multiple of 8"),
+        ("batched S % N", ["--preset", "tiny", "--layer", "2", "--seq", "10", "--batch", "2"], 4, "sequence length"),
     ]
+    d, layer = T.make_case(build, "cp_csa_doc_boundary", CP_CASES["cp_csa_doc_boundary"])
+    inp = T.load(os.path.join(d, "in.safetensors"))
+    x, cu, real = inp["x"], inp["cu_seqlens"], inp["seqlens_real"]
+    def with_input(tag, tensors):
+        path = os.path.join(T.golden_dir(build), f"bad_{tag}.safetensors")
+        T.st.write(path, tensors)
+        a = T.case_files(d, layer, grad=False)
+        a[a.index("--input") + 1] = path
+        return a
+    not_inc = cu.copy()
+    not_inc[1] = not_inc[2]
+    bad.append(("cu_seqlens not increasing", with_input("inc", {"x": x, "cu_seqlens": not_inc}), 2, "cu_seqlens"))
+    short = cu.copy()
+    short[-1] -= 2
+    bad.append(("cu_seqlens not ending at T", with_input("end", {"x": x, "cu_seqlens": short}), 2, "cu_seqlens ends"))
+    over = real.copy()
+    over[0] = cu[1] - cu[0] + 1
+    bad.append(("seqlens_real above the padded length", with_input("real", {"x": x, "cu_seqlens": cu, "seqlens_real": over}),
+                2, "seqlens_real[0]"))
+    zero = real.copy()
+    zero[1] = 0
+    bad.append(("seqlens_real zero", with_input("real0", {"x": x, "cu_seqlens": cu, "seqlens_real": zero}), 3,
+                "seqlens_real[1]"))
     for what, args, n, expect in bad:
-        if args is None:  # a packed input whose document length is not a multiple of r
-            d, layer = T.make_case(build, "cp_bad_padding", "--ratio 4 --layer 2 --seed 60 --docs 10:10,6:6 --allow-invalid",
-                                   with_ref=False)
-            args = T.case_files(d, layer, grad=False)
         t0 = time.time()
         rc, out, err = T.cli(build, ["run"] + args + ["--output", os.path.join(T.golden_dir(build), "bad.safetensors")],
                              nranks=n, timeout=2 * FAIL_SECONDS)
@@ -147,8 +248,6 @@ def train_losses(build, n, layer):
 
 def test_train(build):
     for layer in (0, 1, 2):
-        if layer == 2:
-            continue  # r = 128 needs 128-token shards; covered by the check command
         rc, base, out, err = train_losses(build, 1, layer)
         if not T.check(rc == 0 and len(base) == 5, f"train N=1 layer {layer} prints 5 losses", err.strip()[-200:]):
             continue
@@ -165,12 +264,24 @@ def main():
     p.add_argument("--build", default="build")
     p.add_argument("cases", nargs="*")
     a = p.parse_args()
-    rc, out, err = T.run([os.path.join(a.build, "tests", "test_blas_probe")])
+    # the probe runs inside the CLI, under the OpenBLAS kernels the CLI itself chooses
+    rc, out, err = T.cli(a.build, ["info"])
+    if not T.check(rc == 0 and "position invariant:" in out, "dsv4cp info reports the BLAS probe",
+                   "" if rc == 0 else (out + err).strip()[-200:]):
+        return T.finish()
     bitwise = "position invariant: yes" in out
-    print(f"note: BLAS rows position invariant: {'yes (forward must be bitwise)' if bitwise else 'no (tolerance only)'}")
-    for name in a.cases or CP_CASES:
-        run_case(a.build, name, CP_CASES[name], bitwise)
+    kernels = next((l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("openblas kernels")), "?")
+    print(f"note: BLAS rows position invariant under the CLI's kernels ({kernels}): "
+          f"{'yes (forward must be bitwise)' if bitwise else 'no (tolerance only)'}")
+    for name in a.cases or list(CP_CASES) + list(UNPADDED_CASES):
+        if name in CP_CASES:
+            run_case(a.build, name, CP_CASES[name], bitwise)
+        else:
+            args, ranks = UNPADDED_CASES[name]
+            run_case(a.build, name, args, bitwise, ranks=ranks, ref_each=False)
     if not a.cases:
+        test_sweep(a.build, bitwise)
+        test_random_against_reference(a.build, bitwise)
         test_loud_failures(a.build)
         test_agreement(a.build)
         test_check_command(a.build)

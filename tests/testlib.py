@@ -131,10 +131,11 @@ def load(path):
 
 
 def max_rel(a, b, floor):
-    """max|a - b| / max(floor, max|b|)"""
+    """max|a - b| / max(floor, max|b|); inf when the shapes differ or either side has a NaN (a NaN
+    must never pass a `<= tol` check: `nan > tol` is false)."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
+    if a.shape != b.shape or np.isnan(a).any() or np.isnan(b).any():
         return float("inf")
     m = float(np.max(np.abs(b))) if b.size else 0.0
     return float(np.max(np.abs(a - b))) / max(floor, m) if a.size else 0.0

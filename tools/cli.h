@@ -57,6 +57,7 @@ int cmd_check(cli_ctx *c, int argc, char **argv);
 int cmd_train(cli_ctx *c, int argc, char **argv);
 int cmd_bench(cli_ctx *c, int argc, char **argv);
 int cmd_plan(cli_ctx *c, int argc, char **argv);
+int cmd_info(cli_ctx *c, int argc, char **argv);
 int cmd_weights(cli_ctx *c, int argc, char **argv);
 
 /* SIGINT / SIGTERM: remove the temporary file of an output being written, then die by the signal

@@ -243,7 +243,7 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
     if (!cli_sync(c) && measure(c, &j, l, (int)reps, &tm, &st, &saved) && !cli_sync(c)) {
       const double gemm_after = sgemm_rate(c, SGEMM_REPS); /* before and after: the better */
       if (gemm_after > gemm) gemm = gemm_after;
-      const int64_t blk = j.ratio > 0 ? j.n / j.ratio : 0;
+      const int64_t blk = j.ratio > 0 ? (j.n + j.ratio - 1) / j.ratio : 0; /* slot buffer rows (about) */
       double blocking = blocking_allgather(c, sizeof(float) * (size_t)(blk * j.cfg.head_dim));
       if (j.ratio == 4) blocking += blocking_allgather(c, sizeof(float) * (size_t)(blk * j.cfg.index_head_dim));
       report(c, &j, o.split ? o.split : "contiguous", (int)reps, &tm, &st, saved, gemm, blocking, json);

@@ -21,6 +21,7 @@ static const char *USAGE =
     "  train   K steps of plain SGD on a synthetic objective; the loss per step\n"
     "  bench   the benchmark report (also: make bench)\n"
     "  plan    bytes per message kind and resident memory per rank, from the formulas in docs/\n"
+    "  info    version, BLAS kernels, threads, and whether CP results can be bitwise equal\n"
     "  weights the tensors a layer needs from a checkpoint (sharded, FP8): list, load and check, export\n"
     "\n"
     "Run 'dsv4cp <command> --help' for a command's options.";
@@ -52,7 +53,7 @@ int main(int argc, char **argv) {
     int (*fn)(cli_ctx *, int, char **);
   } cmds[] = {{"run", cmd_run},     {"demo", cmd_demo},   {"check", cmd_check},
               {"train", cmd_train}, {"bench", cmd_bench}, {"plan", cmd_plan},
-              {"weights", cmd_weights}};
+              {"info", cmd_info},   {"weights", cmd_weights}};
   int (*fn)(cli_ctx *, int, char **) = NULL;
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(argv[1], cmds[i].name)) fn = cmds[i].fn;

@@ -28,6 +28,8 @@ int job_common_opts(job_opts *o, cli_opt *opts) {
       {"seed", "S", "seed of random weights and input (default 0)", &o->seed, NULL},
       {"seq", "S", "random input: tokens per sequence (default 256)", &o->seq, NULL},
       {"batch", "B", "random input: B sequences of --seq tokens, as [B, S, d]", &o->batch, NULL},
+      {"doc-lengths", "MIN:MAX", "random input: pack documents of lengths drawn from [MIN, MAX] (seeded)",
+       &o->doc_lengths, NULL},
       {"split", "MODE", "CP split: contiguous (default) or zigzag", &o->split, NULL}};
   const int n = (int)(sizeof common / sizeof common[0]);
   for (int i = 0; i < n; i++) opts[i] = common[i];
@@ -95,6 +97,43 @@ static int32_t *read_i32(cli_ctx *c, dsv4_st_file *f, const dsv4_st_info *t) {
   return v;
 }
 
+/* --doc-lengths MIN:MAX: random input packed as documents whose lengths are drawn uniformly from
+ * [MIN, MAX] with the seed (the last one cut at T), every token real: real training data, which
+ * has no alignment to compress ratios or ranks. */
+static void random_documents(cli_ctx *c, job *j, const job_opts *o) {
+  long long lo = 0, hi = 0;
+  char tail = 0;
+  if (sscanf(o->doc_lengths, "%lld:%lld%c", &lo, &hi, &tail) != 2 || lo < 1 || hi < lo || hi > INT32_MAX) {
+    cli_error(c, "--doc-lengths: '%s' is not MIN:MAX with 1 <= MIN <= MAX", o->doc_lengths);
+    return;
+  }
+  if (o->batch) {
+    cli_error(c, "--doc-lengths packs one stream; it cannot be used with --batch");
+    return;
+  }
+  int64_t cap = 16, n = 0, t = 0;
+  j->cu = malloc(sizeof(int32_t) * (size_t)cap);
+  const uint64_t stream = dsv4_name_stream("input.doc_lengths");
+  while (j->cu && t < j->T) {
+    if (n + 2 > cap) {
+      int32_t *bigger = realloc(j->cu, sizeof(int32_t) * (size_t)(cap *= 2));
+      if (!bigger) break;
+      j->cu = bigger;
+    }
+    j->cu[n] = (int32_t)t;
+    const double u = 0.5 * (1.0 + dsv4_uniform(j->seed, stream, (uint64_t)n)); /* [0, 1) */
+    const int64_t len = lo + (int64_t)(u * (double)(hi - lo + 1));
+    t = t + len < j->T ? t + len : j->T;
+    n++;
+  }
+  if (!j->cu || t < j->T) {
+    cli_error(c, "out of memory packing random documents");
+    return;
+  }
+  j->cu[n] = (int32_t)j->T;
+  j->n_docs = (int)n;
+}
+
 /* Global meta of the input: shape of x, cu_seqlens, seqlens_real. Keeps the file open in *fp. */
 static void input_meta(cli_ctx *c, job *j, const job_opts *o, dsv4_st_file **fp, const dsv4_st_info **xi) {
   const int64_t d = j->cfg.dim;
@@ -105,10 +144,11 @@ static void input_meta(cli_ctx *c, job *j, const job_opts *o, dsv4_st_file **fp,
     j->B = B;
     j->S = S;
     j->x_ndim = o->batch ? 3 : 2;
+    if (o->doc_lengths) random_documents(c, j, o);
     return;
   }
-  if (o->seq || o->batch) {
-    cli_error(c, "--seq/--batch describe random input; they cannot be used with --input");
+  if (o->seq || o->batch || o->doc_lengths) {
+    cli_error(c, "--seq/--batch/--doc-lengths describe random input; they cannot be used with --input");
     return;
   }
   if (cli_lib(c, dsv4_st_open(fp, o->input))) return;

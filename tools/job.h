@@ -6,7 +6,7 @@
 #include "cli.h"
 
 typedef struct {
-  const char *config, *layer, *weights, *input, *grad, *seed, *seq, *batch, *split, *preset;
+  const char *config, *layer, *weights, *input, *grad, *seed, *seq, *batch, *split, *preset, *doc_lengths;
   int random_dout; /* without grad: dout from the seed (check, demo) */
 } job_opts;
 

@@ -10,7 +10,8 @@ typedef struct {
   dsv4_comm *comm;
   dsv4_cp_config cfg;
   dsv4_cp_stats stats;
-  cp_plan win, cmp;             /* halo plans of the current forward */
+  cp_plan win;                  /* window halo plan of the current forward */
+  cp_plan cmp_half, cmp_full;   /* compressor halo plans (first-half-channel rows, every-channel rows) */
   dsv4_comm_req *gather_req[2]; /* pending all-gather (main, indexer) */
   size_t gather_bytes[2];
   double gather_t0[2];          /* when it was started */

@@ -13,7 +13,8 @@
 #include "util/err.h"
 
 /* Message tags (one per kind and compressor, so concurrent exchanges never match each other). */
-enum { TAG_WIN = 100, TAG_WIN_BWD = 101, TAG_CMP = 110, TAG_CMP_BWD = 120 };
+enum { TAG_WIN = 100, TAG_WIN_BWD = 101, TAG_CMP_HALF = 110, TAG_CMP_FULL = 112, TAG_CMP_HALF_BWD = 120,
+       TAG_CMP_FULL_BWD = 122 };
 
 double cp_now(void) {
   struct timespec t;
@@ -100,19 +101,29 @@ fail:
   return rc;
 }
 
+/* Compressor halo rows of C and Z: r == 4 rows of a previous window carry their FIRST half of the
+ * channels (the only half a next slot reads), rows of a straddling slot's own window carry all
+ * of them. Projected rows, not raw x rows: 2 cD floats per row against d (docs/cp.md). */
+static dsv4_status cmp_halo_move(cp_state *st, float *C, float *Z, int cD, int which, int reverse) {
+  dsv4_status rc = DSV4_OK;
+  float *bufs[2] = {C, Z};
+  const dsv4_msg_kind kind = reverse ? DSV4_MSG_COMPRESSOR_HALO_BWD : DSV4_MSG_COMPRESSOR_HALO;
+  DSV4_TRY(move_rows(st, &st->cmp_half, bufs, 2, cD, 0, cD / 2, (reverse ? TAG_CMP_HALF_BWD : TAG_CMP_HALF) + which,
+                     reverse, kind));
+  DSV4_TRY(move_rows(st, &st->cmp_full, bufs, 2, cD, 0, cD, (reverse ? TAG_CMP_FULL_BWD : TAG_CMP_FULL) + which,
+                     reverse, kind));
+fail:
+  return rc;
+}
+
 static dsv4_status x_cmp_halo(void *s, const dsv4_layout *lay, float *C, float *Z, int cD, int which) {
   (void)lay;
-  float *bufs[2] = {C, Z};
-  /* the previous window contributes its FIRST half of the channels to the next slot */
-  return move_rows(s, &((cp_state *)s)->cmp, bufs, 2, cD, 0, cD / 2, TAG_CMP + which, 0,
-                   DSV4_MSG_COMPRESSOR_HALO);
+  return cmp_halo_move(s, C, Z, cD, which, 0);
 }
 
 static dsv4_status x_cmp_halo_bwd(void *s, const dsv4_layout *lay, float *dC, float *dZ, int cD, int which) {
   (void)lay;
-  float *bufs[2] = {dC, dZ};
-  return move_rows(s, &((cp_state *)s)->cmp, bufs, 2, cD, 0, cD / 2, TAG_CMP_BWD + which, 1,
-                   DSV4_MSG_COMPRESSOR_HALO_BWD);
+  return cmp_halo_move(s, dC, dZ, cD, which, 1);
 }
 
 static dsv4_status x_win_halo(void *s, const dsv4_layout *lay, float *kv_ext, int D) {

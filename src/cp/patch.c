@@ -92,7 +92,8 @@ static dsv4_status build_layout(cp_state *st, const dsv4_docs *docs, int64_t n_l
   int32_t *cu = NULL;
   if (with_plans) {
     cp_plan_free(&st->win);
-    cp_plan_free(&st->cmp);
+    cp_plan_free(&st->cmp_half);
+    cp_plan_free(&st->cmp_full);
   }
   /* the shard rule reads cu_seqlens for batched input */
   DSV4_ALLOC(cu, docs->n_docs + 1);
@@ -104,8 +105,11 @@ static dsv4_status build_layout(cp_state *st, const dsv4_docs *docs, int64_t n_l
              "x has %lld local rows but rank %d of %d holds %lld rows (T = %lld)", (long long)n_local, me,
              N, (long long)lays[me].n, (long long)docs->T);
   if (with_plans) {
-    DSV4_TRY(cp_plan_window(lays, N, me, &st->win));
-    if (docs->ratio == 4) DSV4_TRY(cp_plan_compressor(lays, N, me, &st->cmp));
+    DSV4_TRY(cp_plan_halo(lays, N, me, CP_HALO_WINDOW, &st->win));
+    if (docs->ratio > 0) {
+      DSV4_TRY(cp_plan_halo(lays, N, me, CP_HALO_CMP_HALF, &st->cmp_half));
+      DSV4_TRY(cp_plan_halo(lays, N, me, CP_HALO_CMP_FULL, &st->cmp_full));
+    }
   }
   *lay = lays[me];
   memset(&lays[me], 0, sizeof lays[me]);
@@ -160,7 +164,8 @@ static void cp_state_free(void *p) {
   if (!st) return;
   dsv4_comm_wait(st->comm, st->gather_req, 2);
   cp_plan_free(&st->win);
-  cp_plan_free(&st->cmp);
+  cp_plan_free(&st->cmp_half);
+  cp_plan_free(&st->cmp_full);
   dsv4_layout_free(&st->cache);
   free(st->sendbuf);
   free(st->recvbuf);

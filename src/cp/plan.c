@@ -5,7 +5,6 @@
 
 #include "shard.h"
 #include "util/err.h"
-#include "util/gemm.h"
 
 void cp_plan_free(cp_plan *p) {
   for (int i = 0; i < p->n_send; i++) free(p->send[i].rows);
@@ -17,73 +16,37 @@ void cp_plan_free(cp_plan *p) {
   memset(p, 0, sizeof *p);
 }
 
-/* Row of global block b (token b * r) in the all-gathered block buffer, for every block. */
-static dsv4_status block_rows(const dsv4_docs *docs, const dsv4_packing *pk, dsv4_split split, int size,
-                              int64_t n_blk, int32_t *blk_row) {
-  dsv4_status rc = DSV4_OK;
-  dsv4_range *segs = NULL;
-  const int r = docs->ratio;
-  for (int p = 0; p < size; p++) {
-    int ns = 0;
-    DSV4_TRY(dsv4_shard_segments(pk, split, p, size, r, &segs, &ns));
-    int64_t blk = 0;
-    for (int s = 0; s < ns; s++)
-      for (int64_t b = 0; b < segs[s].len / r; b++, blk++)
-        blk_row[segs[s].g0 / r + b] = (int32_t)(p * n_blk + blk);
-    free(segs);
-    segs = NULL;
-  }
-fail:
-  free(segs);
-  return rc;
-}
-
 dsv4_status cp_layout(const dsv4_docs *docs, const dsv4_packing *pk, dsv4_split split, int rank, int size,
                       int W, int with_gather, dsv4_layout *lay) {
   dsv4_status rc = DSV4_OK;
   dsv4_range *segs = NULL;
-  int32_t *blk_row = NULL;
+  dsv4_layout other = {0};
   int ns = 0;
-  const int r = docs->ratio, hr = CMP_HALO_ROWS(r);
   memset(lay, 0, sizeof *lay);
-  DSV4_TRY(dsv4_shard_segments(pk, split, rank, size, r, &segs, &ns));
-  lay->ratio = r;
-  lay->n_seg = ns;
-  lay->ext_kv = 1;
-  lay->panel = dsv4_panel_rows(docs->T);
-  DSV4_ALLOC(lay->seg, ns);
-  for (int s = 0; s < ns; s++) {
-    dsv4_seg *sg = &lay->seg[s];
-    sg->g0 = segs[s].g0;
-    sg->len = segs[s].len;
-    sg->lo = lay->n;
-    const int doc = dsv4_docs_find(docs, sg->g0);
-    const int64_t t0 = sg->g0 - docs->cu[doc];
-    sg->win_halo = t0 < docs->real[doc] ? (t0 < W - 1 ? t0 : W - 1) : 0;
-    if (r == 4) {
-      const int64_t j = t0 / r, n_c = docs->cu_cmp[doc + 1] - docs->cu_cmp[doc];
-      sg->cmp_halo = j > 0 && j < n_c;
-    }
-    sg->kv_row = lay->R_kv;
-    sg->c_row = lay->R_c;
-    sg->blk0 = lay->n_blk;
-    lay->R_kv += sg->win_halo + sg->len;
-    lay->R_c += hr + sg->len;
-    lay->n += sg->len;
-    if (r > 0) lay->n_blk += sg->len / r;
-  }
-  lay->n_blk_all = lay->n_blk * size;
-  if (with_gather && r > 0) {
-    DSV4_ALLOC(blk_row, docs->T / r + 1);
-    DSV4_TRY(block_rows(docs, pk, split, size, lay->n_blk, blk_row));
+  DSV4_TRY(dsv4_shard_segments(pk, split, rank, size, &segs, &ns));
+  DSV4_TRY(dsv4_layout_build(lay, docs, segs, ns, W, 1));
+  lay->n_blk_all = lay->n_blk * size; /* every rank has the same segment lengths, so the same n_blk */
+  if (with_gather && docs->ratio > 0) {
+    /* every slot is owned by exactly one segment of one rank: fill the index rank by rank */
     DSV4_ALLOC(lay->gather, docs->n_cmp + 1);
-    for (int i = 0; i < docs->n_docs; i++)
-      for (int64_t j = 0; j < docs->cu_cmp[i + 1] - docs->cu_cmp[i]; j++)
-        lay->gather[docs->cu_cmp[i] + j] = blk_row[docs->cu[i] / r + j];
+    for (int q = 0; q < size; q++) {
+      if (q == rank) {
+        dsv4_layout_set_gather(lay, q, lay->gather);
+        continue;
+      }
+      free(segs);
+      segs = NULL;
+      DSV4_TRY(dsv4_shard_segments(pk, split, q, size, &segs, &ns));
+      DSV4_TRY(dsv4_layout_build(&other, docs, segs, ns, W, 1));
+      DSV4_CHECK(other.n_blk == lay->n_blk, DSV4_ERR_STATE, "internal: ranks %d and %d have different slot buffers",
+                 rank, q);
+      dsv4_layout_set_gather(&other, q, lay->gather);
+      dsv4_layout_free(&other);
+    }
   }
 fail:
   free(segs);
-  free(blk_row);
+  dsv4_layout_free(&other);
   if (rc != DSV4_OK) dsv4_layout_free(lay);
   return rc;
 }
@@ -131,12 +94,30 @@ fail:
   return rc;
 }
 
-/* Shared builder: for every rank q and segment s, the halo rows [g0 - h, g0) it needs (h =
- * win_halo, or 4 when cmp_halo); each comes from the segment that owns it. Destination rows are
- * the halo rows in q's buffer; source rows are the owner's own rows. kind 0: window (kv_ext),
- * 1: compressor (C/Z_ext). Enumerating every rank in the same order gives sender and receiver the
- * same row order. */
-static dsv4_status build_plan(const dsv4_layout *lays, int size, int me, int kind, cp_plan *p) {
+/* Halo rows [a, b) of a segment, as offsets before its first token g0 (a >= b >= 0: the rows are
+ * global [g0 - a, g0 - b)), and the first halo row of the segment in its extended buffer. */
+static void halo_span(const dsv4_seg *d, cp_halo kind, int64_t *a, int64_t *b, int64_t *buf_first) {
+  switch (kind) {
+    case CP_HALO_WINDOW: *a = d->win_halo, *b = 0, *buf_first = d->kv_row; return;
+    case CP_HALO_CMP_HALF: *a = d->c_halo, *b = d->c_full, *buf_first = d->c_row; return;
+    case CP_HALO_CMP_FULL: *a = d->c_full, *b = 0, *buf_first = d->c_row + d->c_halo - d->c_full; return;
+  }
+}
+
+/* Row of global token g in the extended buffer of the segment that owns it (its own rows). */
+static int32_t own_row(const dsv4_seg *src, cp_halo kind, int64_t g) {
+  return (int32_t)(kind == CP_HALO_WINDOW ? src->kv_row + src->win_halo + (g - src->g0)
+                                          : src->c_row + src->c_halo + (g - src->g0));
+}
+
+/* Shared builder: for every rank q and segment s, the halo rows of `kind` it needs; each comes
+ * from the segment that owns it. Destination rows are the halo rows in q's buffer; source rows
+ * are the owner's own rows. Enumerating every rank in the same order gives sender and receiver
+ * the same row order.
+ * Worked example (docs/cp.md): one document of 16, W = 8, N = 4 (L = 4): rank 2's window halo is
+ * [1, 8), rows 1..3 from rank 0 and 4..7 from rank 1; rank 0 sends rows 1..3 to rank 2 (and rows
+ * 0..3 to rank 1), in that order on both sides. */
+static dsv4_status build_plan(const dsv4_layout *lays, int size, int me, cp_halo kind, cp_plan *p) {
   dsv4_status rc = DSV4_OK;
   owner_seg *all = NULL;
   int n_all = 0;
@@ -148,25 +129,23 @@ static dsv4_status build_plan(const dsv4_layout *lays, int size, int me, int kin
     for (int s = 0; s < lays[q].n_seg; s++)
       all[n_all++] = (owner_seg){lays[q].seg[s].g0, lays[q].seg[s].len, q, s};
   qsort(all, (size_t)n_all, sizeof *all, cmp_owner);
-  const int hr = CMP_HALO_ROWS(lays[0].ratio);
   for (int q = 0; q < size; q++) {
     for (int s = 0; s < lays[q].n_seg; s++) {
       const dsv4_seg *d = &lays[q].seg[s];
-      const int64_t h = kind == 0 ? d->win_halo : (d->cmp_halo ? hr : 0);
-      for (int64_t g = d->g0 - h; g < d->g0; g++) {
+      int64_t a = 0, b = 0, first = 0;
+      halo_span(d, kind, &a, &b, &first);
+      for (int64_t g = d->g0 - a; g < d->g0 - b; g++) {
         const owner_seg *o = owner_of(all, n_all, g);
         DSV4_CHECK(o, DSV4_ERR_STATE, "cp plan: no rank holds halo row %lld", (long long)g);
-        const dsv4_seg *src = &lays[o->rank].seg[o->seg];
-        const int32_t src_row = (int32_t)(kind == 0 ? src->kv_row + src->win_halo + (g - src->g0)
-                                                    : src->c_row + hr + (g - src->g0));
-        const int32_t dst_row = (int32_t)((kind == 0 ? d->kv_row : d->c_row) + (g - (d->g0 - h)));
+        const int32_t src_row = own_row(&lays[o->rank].seg[o->seg], kind, g);
+        const int32_t dst_row = (int32_t)(first + (g - (d->g0 - a)));
         if (q == me && o->rank == me) {
-          int32_t *a = realloc(p->self_src, sizeof(int32_t) * (size_t)(p->n_self + 1));
-          DSV4_CHECK(a, DSV4_ERR_NOMEM, "cp plan: out of memory");
-          p->self_src = a;
-          int32_t *b = realloc(p->self_dst, sizeof(int32_t) * (size_t)(p->n_self + 1));
-          DSV4_CHECK(b, DSV4_ERR_NOMEM, "cp plan: out of memory");
-          p->self_dst = b;
+          int32_t *x = realloc(p->self_src, sizeof(int32_t) * (size_t)(p->n_self + 1));
+          DSV4_CHECK(x, DSV4_ERR_NOMEM, "cp plan: out of memory");
+          p->self_src = x;
+          int32_t *y = realloc(p->self_dst, sizeof(int32_t) * (size_t)(p->n_self + 1));
+          DSV4_CHECK(y, DSV4_ERR_NOMEM, "cp plan: out of memory");
+          p->self_dst = y;
           p->self_src[p->n_self] = src_row;
           p->self_dst[p->n_self++] = dst_row;
         } else if (q == me) {
@@ -183,10 +162,6 @@ fail:
   return rc;
 }
 
-dsv4_status cp_plan_window(const dsv4_layout *lays, int size, int me, cp_plan *p) {
-  return build_plan(lays, size, me, 0, p);
-}
-
-dsv4_status cp_plan_compressor(const dsv4_layout *lays, int size, int me, cp_plan *p) {
-  return build_plan(lays, size, me, 1, p);
+dsv4_status cp_plan_halo(const dsv4_layout *lays, int size, int me, cp_halo kind, cp_plan *p) {
+  return build_plan(lays, size, me, kind, p);
 }

@@ -50,7 +50,7 @@ dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, const dsv4_p
                                  const dsv4_cp_config *cp, int rank, int size, dsv4_cp_stats *out) {
   dsv4_status rc = DSV4_OK;
   plan_ctx p = {0};
-  cp_plan win = {0}, cmp = {0};
+  cp_plan win = {0}, half = {0}, full = {0};
   DSV4_CHECK(cfg && pk && out && size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "plan: bad arguments");
   memset(out, 0, sizeof *out);
   if (size == 1) return DSV4_OK; /* one rank sends nothing */
@@ -63,12 +63,18 @@ dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, const dsv4_p
   const uint64_t meta = 2 * 64 * N1 / (uint64_t)size;
   out->bytes_sent[DSV4_MSG_META_CHECK] = out->bytes_recv[DSV4_MSG_META_CHECK] = 2 * meta;
   out->messages[DSV4_MSG_META_CHECK] = 2;
-  DSV4_TRY(cp_plan_window(p.lays, size, rank, &win));
+  DSV4_TRY(cp_plan_halo(p.lays, size, rank, CP_HALO_WINDOW, &win));
   add_plan(out, &win, D * f, DSV4_MSG_WINDOW_HALO, DSV4_MSG_WINDOW_HALO_BWD);
-  if (r == 4) { /* both compressors: first-half channels of C and Z (dim floats each) per row */
-    DSV4_TRY(cp_plan_compressor(p.lays, size, rank, &cmp));
-    add_plan(out, &cmp, 2 * D * f, DSV4_MSG_COMPRESSOR_HALO, DSV4_MSG_COMPRESSOR_HALO_BWD);
-    add_plan(out, &cmp, 2 * Di * f, DSV4_MSG_COMPRESSOR_HALO, DSV4_MSG_COMPRESSOR_HALO_BWD);
+  if (r > 0) { /* per compressor (dim D, and Di for r == 4): C and Z rows, half or all of c * dim */
+    const uint64_t c = r == 4 ? 2 : 1;
+    DSV4_TRY(cp_plan_halo(p.lays, size, rank, CP_HALO_CMP_HALF, &half));
+    DSV4_TRY(cp_plan_halo(p.lays, size, rank, CP_HALO_CMP_FULL, &full));
+    add_plan(out, &half, 2 * (c * D / 2) * f, DSV4_MSG_COMPRESSOR_HALO, DSV4_MSG_COMPRESSOR_HALO_BWD);
+    add_plan(out, &full, 2 * c * D * f, DSV4_MSG_COMPRESSOR_HALO, DSV4_MSG_COMPRESSOR_HALO_BWD);
+    if (r == 4) {
+      add_plan(out, &half, 2 * Di * f, DSV4_MSG_COMPRESSOR_HALO, DSV4_MSG_COMPRESSOR_HALO_BWD);
+      add_plan(out, &full, 2 * 2 * Di * f, DSV4_MSG_COMPRESSOR_HALO, DSV4_MSG_COMPRESSOR_HALO_BWD);
+    }
   }
   if (r > 0) {
     const uint64_t blk = (uint64_t)p.lays[rank].n_blk, dims = D + (r == 4 ? Di : 0);
@@ -83,7 +89,8 @@ dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, const dsv4_p
   }
 fail:
   cp_plan_free(&win);
-  cp_plan_free(&cmp);
+  cp_plan_free(&half);
+  cp_plan_free(&full);
   plan_free(&p);
   return rc;
 }
@@ -100,14 +107,8 @@ dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_pa
   *weights_bytes = sizeof(float) * (size_t)nw;
   const dsv4_layout *l = &p.lays[rank];
   const int r = p.docs.ratio;
-  int64_t n_slot = 0; /* local blocks inside real tokens */
-  for (int s = 0; s < l->n_seg && r > 0; s++)
-    for (int64_t b = 0; b < l->seg[s].len / r; b++) {
-      const int64_t g = l->seg[s].g0 + b * r;
-      const int doc = dsv4_docs_find(&p.docs, g);
-      n_slot += (g - p.docs.cu[doc]) / r < p.docs.cu_cmp[doc + 1] - p.docs.cu_cmp[doc];
-    }
-  *saved_bytes = dsv4_saved_bytes_formula(cfg, r, l->n, l->R_kv, size > 1, r > 0 ? l->R_c : 0, n_slot, p.docs.n_cmp);
+  *saved_bytes = dsv4_saved_bytes_formula(cfg, r, l->n, l->R_kv, size > 1, r > 0 ? l->R_c : 0, l->n_own,
+                                          p.docs.n_cmp);
 fail:
   plan_free(&p);
   return rc;

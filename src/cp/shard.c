@@ -8,14 +8,15 @@
 
 #include "util/err.h"
 
-dsv4_status dsv4_shard_segments(const dsv4_packing *pk, dsv4_split split, int rank, int size, int ratio,
-                                dsv4_range **segs, int *n_seg) {
+dsv4_status dsv4_shard_segments(const dsv4_packing *pk, dsv4_split split, int rank, int size, dsv4_range **segs,
+                                int *n_seg) {
   dsv4_status rc = DSV4_OK;
   *segs = NULL;
   *n_seg = 0;
   DSV4_CHECK(pk && size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "shard: bad rank %d of %d", rank, size);
   DSV4_CHECK(split == DSV4_SPLIT_CONTIGUOUS || split == DSV4_SPLIT_ZIGZAG, DSV4_ERR_ARG,
              "shard: unknown split %d", (int)split);
+  DSV4_CHECK(pk->T > 0, DSV4_ERR_ARG, "T must be positive (got %lld)", (long long)pk->T);
   int64_t units = 1, U = pk->T;
   if (pk->batched && pk->cu_seqlens && pk->n_docs > 1) {
     units = pk->n_docs;
@@ -26,14 +27,12 @@ dsv4_status dsv4_shard_segments(const dsv4_packing *pk, dsv4_split split, int ra
                  pk->cu_seqlens[i + 1] - pk->cu_seqlens[i], (long long)U);
   }
   const int pieces = split == DSV4_SPLIT_ZIGZAG ? 2 * size : size;
-  const char *what = units > 1 ? "sequence length" : "T";
-  DSV4_CHECK(U % pieces == 0, DSV4_ERR_ARG, "%s = %lld is not divisible by %s%d (CP ranks%s)", what,
-             (long long)U, split == DSV4_SPLIT_ZIGZAG ? "2 x " : "", size,
-             split == DSV4_SPLIT_ZIGZAG ? ", zigzag split" : "");
+  const char *what = units > 1 ? "the sequence length S" : "T";
+  DSV4_CHECK(U % pieces == 0, DSV4_ERR_ARG,
+             "%s = %lld cannot be split over %d CP ranks%s: it must be a multiple of %d (e.g. pad to %lld)", what,
+             (long long)U, size, split == DSV4_SPLIT_ZIGZAG ? " with the zigzag split" : "", pieces,
+             (long long)((U + pieces - 1) / pieces * pieces));
   const int64_t L = U / pieces;
-  DSV4_CHECK(ratio <= 0 || L % ratio == 0, DSV4_ERR_ARG,
-             "local length %lld per %s is not a multiple of the layer's compress ratio %d", (long long)L,
-             split == DSV4_SPLIT_ZIGZAG ? "chunk" : "rank", ratio);
   const int per_unit = split == DSV4_SPLIT_ZIGZAG ? 2 : 1;
   DSV4_ALLOC(*segs, units * per_unit);
   for (int64_t u = 0; u < units; u++) {
@@ -56,7 +55,7 @@ dsv4_status dsv4_cp_shard_rows(const dsv4_packing *pk, const dsv4_cp_config *cfg
   dsv4_range *segs = NULL;
   int ns = 0;
   DSV4_CHECK(n, DSV4_ERR_ARG, "shard rows: NULL n");
-  DSV4_TRY(dsv4_shard_segments(pk, cfg ? cfg->split : DSV4_SPLIT_CONTIGUOUS, rank, size, 0, &segs, &ns));
+  DSV4_TRY(dsv4_shard_segments(pk, cfg ? cfg->split : DSV4_SPLIT_CONTIGUOUS, rank, size, &segs, &ns));
   int64_t k = 0;
   for (int s = 0; s < ns; s++)
     for (int64_t i = 0; i < segs[s].len; i++, k++)

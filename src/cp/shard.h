@@ -4,15 +4,14 @@
 
 #include <stdint.h>
 #include "dsv4cp.h"
+#include "model/docs.h"
 
-typedef struct {
-  int64_t g0, len;
-} dsv4_range;
-
-/* The segments of rank `rank` of `size`, in the order their rows are stored locally. ratio > 0
- * additionally requires every segment to start and end on a multiple of ratio. *segs is
- * allocated (caller frees). Errors depend only on global values, so every rank reports the same. */
-dsv4_status dsv4_shard_segments(const dsv4_packing *pk, dsv4_split split, int rank, int size, int ratio,
-                                dsv4_range **segs, int *n_seg);
+/* The segments of rank `rank` of `size`, in the order their rows are stored locally. The only
+ * requirement is that the unit (stream, or each sequence of a batch) divides into size slices
+ * (2 size chunks for zigzag); segments need not align with documents or compression windows.
+ * *segs is allocated (caller frees). Errors depend only on global values, so every rank reports
+ * the same. */
+dsv4_status dsv4_shard_segments(const dsv4_packing *pk, dsv4_split split, int rank, int size, dsv4_range **segs,
+                                int *n_seg);
 
 #endif

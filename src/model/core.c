@@ -8,56 +8,29 @@
 #include "util/err.h"
 #include "util/gemm.h"
 
-void dsv4_layout_free(dsv4_layout *lay) {
-  free(lay->seg);
-  free(lay->gather);
-  memset(lay, 0, sizeof *lay);
-}
-
-dsv4_status dsv4_layout_copy(dsv4_layout *dst, const dsv4_layout *src, int64_t n_cmp) {
-  dsv4_status rc = DSV4_OK;
-  *dst = *src;
-  dst->seg = NULL;
-  dst->gather = NULL;
-  DSV4_ALLOC(dst->seg, src->n_seg);
-  memcpy(dst->seg, src->seg, sizeof(dsv4_seg) * (size_t)src->n_seg);
-  if (src->gather) {
-    DSV4_ALLOC(dst->gather, n_cmp + 1);
-    memcpy(dst->gather, src->gather, sizeof(int32_t) * (size_t)n_cmp);
-  }
-  return DSV4_OK;
-fail:
-  dsv4_layout_free(dst);
-  return rc;
+/* Forgets the saved state of the last training forward (buffers stay in the core's slots). */
+void dsv4_core_saved_free(dsv4_core_saved *sv) {
+  dsv4_docs_free(&sv->docs);
+  dsv4_layout_free(&sv->lay);
+  memset(sv, 0, sizeof *sv);
 }
 
 /* ---- one-rank exchange -------------------------------------------------------------------- */
 
-/* One segment covering the whole stream; blocks are the global blocks, so the gather index is
- * slot j of document i -> block cu[i] / r + j. */
+/* One segment covering the whole stream, no halos; it owns every slot, in global id order, so the
+ * gather index is the identity. */
 static dsv4_status local_layout(void *st, const dsv4_docs *docs, int64_t n, int W, dsv4_layout *lay) {
   dsv4_status rc = DSV4_OK;
   (void)st;
-  (void)W;
   memset(lay, 0, sizeof *lay);
   DSV4_CHECK(n == docs->T, DSV4_ERR_ARG,
              "x has %lld rows but the packed meta describes %lld tokens (one rank)", (long long)n,
              (long long)docs->T);
-  const int r = docs->ratio;
-  lay->ratio = r;
-  lay->n_seg = 1;
-  DSV4_ALLOC(lay->seg, 1);
-  lay->seg[0] = (dsv4_seg){.g0 = 0, .len = n};
-  lay->n = n;
-  lay->R_kv = n;
-  lay->R_c = n + CMP_HALO_ROWS(r);
-  lay->panel = dsv4_panel_rows(docs->T);
-  if (r > 0) {
-    lay->n_blk = lay->n_blk_all = n / r;
+  const dsv4_range all = {0, n};
+  DSV4_TRY(dsv4_layout_build(lay, docs, &all, 1, W, 0));
+  if (docs->ratio > 0) {
     DSV4_ALLOC(lay->gather, docs->n_cmp + 1);
-    for (int i = 0; i < docs->n_docs; i++)
-      for (int64_t j = 0; j < docs->cu_cmp[i + 1] - docs->cu_cmp[i]; j++)
-        lay->gather[docs->cu_cmp[i] + j] = (int32_t)(docs->cu[i] / r + j);
+    dsv4_layout_set_gather(lay, 0, lay->gather);
   }
   return DSV4_OK;
 fail:

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "core_internal.h"
-#include "cp/layout.h"
+#include "ops/placement.h"
 #include "model/weights.h"
 #include "util/err.h"
 
@@ -34,12 +34,12 @@ static dsv4_status stage1_backward(dsv4_core *c, const dsv4_exchange *x, int whi
   const int r = c->ratio, dim = which ? c->cfg.index_head_dim : c->cfg.head_dim;
   const int cD = (r == 4 ? 2 : 1) * dim, d = c->cfg.dim;
   float *d_all = NULL, *d_blk = NULL, *dC = NULL, *dZ = NULL;
-  DSV4_SLOTZ(d_all, c->slot[CS_T2], lay->n_blk_all * dim);
-  DSV4_SLOT(d_blk, c->slot[CS_T3], lay->n_blk * dim);
+  DSV4_SLOTZ(d_all, c->slot[CS_D_SLOTS_ALL], lay->n_blk_all * dim);
+  DSV4_SLOT(d_blk, c->slot[CS_D_SLOTS], lay->n_blk * dim);
   scatter_blocks(sv, d_cmp, d_all, dim);
   DSV4_TRY(x->blocks_reduce_scatter(x->st, lay, d_all, d_blk, dim, which));
-  DSV4_SLOTZ(dC, c->slot[CS_T4], lay->R_c * cD);
-  DSV4_SLOTZ(dZ, c->slot[CS_T5], lay->R_c * cD);
+  DSV4_SLOTZ(dC, c->slot[CS_DC], lay->R_c * cD);
+  DSV4_SLOTZ(dZ, c->slot[CS_DZ], lay->R_c * cD);
   const dsv4_wid ape = which ? W_I_APE : W_C_APE, norm = which ? W_I_NORM : W_C_NORM;
   const dsv4_wid wkv = which ? W_I_WKV : W_C_WKV, wgate = which ? W_I_WGATE : W_C_WGATE;
   dsv4_compress_bwd_args cb = {
@@ -54,7 +54,7 @@ static dsv4_status stage1_backward(dsv4_core *c, const dsv4_exchange *x, int whi
   /* dW += dC_own^T x_own per segment; dx_own += dC_own . W */
   for (int s = 0; s < lay->n_seg; s++) {
     const dsv4_seg *sg = &lay->seg[s];
-    const int64_t row = sg->c_row + CMP_HALO_ROWS(r);
+    const int64_t row = sg->c_row + sg->c_halo;
     const float *xs = sv->x + sg->lo * d;
     K->gemm_tn(cD, d, sg->len, 1.0f, dC + row * cD, cD, xs, d, 1.0f, dsv4_w(grads, wkv), d);
     K->gemm_tn(cD, d, sg->len, 1.0f, dZ + row * cD, cD, xs, d, 1.0f, dsv4_w(grads, wgate), d);
@@ -78,9 +78,9 @@ static dsv4_status indexer_backward(dsv4_core *c, const dsv4_core_bwd_args *a, c
   float *d_qI = NULL, *d_w = NULL, *d_KI = NULL;
   double sum = 0;
   int64_t cnt = 0;
-  DSV4_SLOT(d_qI, c->slot[CS_T6], n * Hi * Di);
-  DSV4_SLOT(d_w, c->slot[CS_T7], n * Hi);
-  DSV4_SLOTZ(d_KI, c->slot[CS_T8], sv->docs.n_cmp * Di);
+  DSV4_SLOT(d_qI, c->slot[CS_D_QI], n * Hi * Di);
+  DSV4_SLOT(d_w, c->slot[CS_D_WI], n * Hi);
+  DSV4_SLOTZ(d_KI, c->slot[CS_D_KI], sv->docs.n_cmp * Di);
   const double gs = sv->n_valid ? c->cfg.index_loss_coeff / (double)sv->n_valid * a->d_loss : 0.0;
   dsv4_kl_args ka = {.loss_sum = &sum, .n_valid = &cnt, .d_q_idx = d_qI, .d_weights = d_w,
                      .d_k_idx = d_KI, .q = sv->q, .cmp_kv = sv->cmp, .topk_ids = sv->topk,
@@ -120,9 +120,9 @@ dsv4_status dsv4_core_run_backward(dsv4_core *c, const dsv4_core_bwd_args *a, co
   const int64_t n = sv->n;
   const dsv4_layout *lay = &sv->lay;
   float *d_kv = a->dkv;
-  if (sv->kv_ext) DSV4_SLOTZ(d_ext, c->slot[CS_T0], lay->R_kv * D);
+  if (sv->kv_ext) DSV4_SLOTZ(d_ext, c->slot[CS_D_KV_EXT], lay->R_kv * D);
   else memset(a->dkv, 0, sizeof(float) * (size_t)(n * D));
-  if (r > 0) DSV4_SLOTZ(d_cmp, c->slot[CS_T1], sv->docs.n_cmp * D);
+  if (r > 0) DSV4_SLOTZ(d_cmp, c->slot[CS_D_CMP], sv->docs.n_cmp * D);
   dsv4_attn_bwd_args ab = {
       .dq = a->dq, .d_ori_kv = sv->kv_ext ? d_ext : d_kv, .d_cmp_kv = d_cmp,
       .d_sink = dsv4_w(a->grads, W_SINK), .dout = a->d_o, .out = sv->o, .lse = sv->lse,

@@ -1,34 +1,34 @@
 /* core_fwd.c: the core attention forward, two stages over an exchange (see core_internal.h).
- *   Stage 1: compressor projections of the local rows (+ halo rows from the left neighbour for
- *            r == 4), pooling of the local valid blocks, all-gather, select by the gather index
- *            -> the global compressed kv (and, for r == 4, the global indexer keys).
- *   Stage 2: window halo, window attention (overlapping the all-gather), indexer top-k of the local
- *            queries against the global keys, compressed attention, KL loss reduced over ranks. */
+ *   prepare  : the agreement check, the validated packing, this rank's layout and token map.
+ *   Stage 1  : compressor projections of the local rows, the compressor halo (projected rows of
+ *              slots that straddle a segment start), pooling of the slots this rank owns, and the
+ *              all-gather of every rank's slot buffer; select by the gather index -> the global
+ *              compressed kv (and, for r == 4, the global indexer keys).
+ *   Stage 2  : window halo and window attention (overlapping the all-gathers), indexer top-k of the
+ *              local queries against the global keys, compressed attention, KL loss reduced over
+ *              ranks.
+ * Index arithmetic with worked examples: model/layout.c (segments, halos, slot ownership),
+ * model/docs.h (slot ids), cp/plan.c (halo plans, gather index) and docs/cp.md. */
 #include <math.h>
 #include <string.h>
 
 #include "core_internal.h"
 #include "model/weights.h"
-#include "cp/layout.h"
+#include "ops/placement.h"
 #include "ops/sparse_attn.h"
 #include "util/err.h"
 #include "util/gemm.h"
 
-void dsv4_core_saved_free(dsv4_core_saved *sv) {
-  dsv4_docs_free(&sv->docs);
-  dsv4_layout_free(&sv->lay);
-  memset(sv, 0, sizeof *sv);
-}
-
 /* Y rows of every segment = X rows . W^T, in the global panels of util/gemm.h. Y's rows for
- * segment s start at y_row(s); X is [n, K] in local row order. */
+ * segment s start at its own rows of C/Z_ext (use_c_rows) or at its first local row; X is [n, K]
+ * in local row order. */
 static dsv4_status proj_segments(const dsv4_core *c, const dsv4_layout *lay, float *Y, int64_t ldy,
                                  int use_c_rows, const float *X, int64_t ldx, const float *W, int64_t N,
                                  int64_t K) {
   dsv4_status rc = DSV4_OK;
   for (int s = 0; s < lay->n_seg; s++) {
     const dsv4_seg *sg = &lay->seg[s];
-    const int64_t yr = use_c_rows ? sg->c_row + CMP_HALO_ROWS(lay->ratio) : sg->lo;
+    const int64_t yr = use_c_rows ? sg->c_row + sg->c_halo : sg->lo;
     DSV4_TRY(dsv4_proj_rows(Y + yr * ldy, ldy, X + sg->lo * ldx, ldx, W, sg->len, N, K,
                             c->tok.global + sg->lo, lay->panel, c->impl));
   }
@@ -51,36 +51,40 @@ static void window_ranges(const dsv4_core *c, const dsv4_layout *lay, int32_t *w
   }
 }
 
-/* Local valid slots: slot of block b of segment s, its rows in C/Z_ext and its RoPE position. */
+/* The slots this rank owns (core_internal.h), in global id order: the first row of their own
+ * window in C/Z_ext, of their previous window (r == 4, j > 0; -1 otherwise), the RoPE position
+ * j r and their row in the local slot buffer.
+ * Worked example (model/layout.c): r = 4, one document of 16, N = 8, W = 4; rank 3 holds [6, 8)
+ * with c_halo = 6 (global rows 0..5 in C/Z_ext rows 0..5, own rows 6, 7 in rows 6, 7) and owns
+ * slot 1: own window [4, 8) -> cur row 4, previous window [0, 4) -> prev row 0, position 4, slot
+ * buffer row 0. */
 static dsv4_status build_slots(dsv4_core *c) {
   dsv4_status rc = DSV4_OK;
   dsv4_core_saved *sv = &c->sv;
   const dsv4_layout *lay = &sv->lay;
-  const int r = c->ratio, hr = CMP_HALO_ROWS(r);
-  DSV4_SLOT(sv->slot_cur, c->slot[CS_SLOT_CUR], lay->n_blk);
-  DSV4_SLOT(sv->slot_prev, c->slot[CS_SLOT_PREV], lay->n_blk);
-  DSV4_SLOT(sv->slot_pos, c->slot[CS_SLOT_POS], lay->n_blk);
-  DSV4_SLOT(sv->slot_blk, c->slot[CS_SLOT_BLK], lay->n_blk);
+  const dsv4_docs *docs = &sv->docs;
+  const int r = c->ratio;
+  DSV4_SLOT(sv->slot_cur, c->slot[CS_SLOT_CUR], lay->n_own);
+  DSV4_SLOT(sv->slot_prev, c->slot[CS_SLOT_PREV], lay->n_own);
+  DSV4_SLOT(sv->slot_pos, c->slot[CS_SLOT_POS], lay->n_own);
+  DSV4_SLOT(sv->slot_blk, c->slot[CS_SLOT_BLK], lay->n_own);
   int64_t n = 0;
   for (int s = 0; s < lay->n_seg; s++) {
     const dsv4_seg *sg = &lay->seg[s];
-    for (int64_t b = 0; b < sg->len / r; b++) {
-      const int64_t row = sg->lo + b * r;
-      const int doc = c->tok.doc[row];
-      const int64_t j = c->tok.pos[row] / r;
-      if (j >= sv->docs.cu_cmp[doc + 1] - sv->docs.cu_cmp[doc]) continue; /* block in padding */
-      const int64_t cur = sg->c_row + hr + b * r;
-      int64_t prev = -1;
-      if (r == 4 && j > 0) {
-        DSV4_CHECK(b > 0 || sg->cmp_halo, DSV4_ERR_STATE,
-                   "internal: segment at token %lld needs a compressor halo it was not given",
-                   (long long)sg->g0);
-        prev = b > 0 ? cur - r : sg->c_row;
-      }
+    const int64_t first = sg->g0 - sg->c_halo; /* global token of the segment's first C/Z_ext row */
+    for (int64_t k = 0; k < sg->n_own; k++) {
+      int doc;
+      int64_t j;
+      dsv4_docs_slot(docs, sg->id0 + k, &doc, &j);
+      const int64_t w = docs->cu[doc] + j * r;
+      DSV4_CHECK(w >= first && (r != 4 || j == 0 || w - r >= first), DSV4_ERR_STATE,
+                 "internal: slot %lld of the segment at token %lld lacks compressor halo rows",
+                 (long long)(sg->id0 + k), (long long)sg->g0);
+      const int64_t cur = sg->c_row + (w - first);
       sv->slot_cur[n] = (int32_t)cur;
-      sv->slot_prev[n] = (int32_t)prev;
+      sv->slot_prev[n] = (int32_t)(r == 4 && j > 0 ? cur - r : -1);
       sv->slot_pos[n] = (int32_t)(j * r);
-      sv->slot_blk[n] = (int32_t)(sg->blk0 + b);
+      sv->slot_blk[n] = (int32_t)(sg->blk0 + k);
       n++;
     }
   }
@@ -89,8 +93,9 @@ fail:
   return rc;
 }
 
-/* Stage 1 for one compressor (which = 0 main, 1 indexer): projections, halo, pooling of the local
- * valid blocks, then the all-gather is started; *all receives [n_blk_all, dim] when it completes. */
+/* Stage 1 for one compressor (which = 0 main, 1 indexer): projections, halo, pooling of the owned
+ * slots into the local slot buffer, then the all-gather is started; *all receives
+ * [n_blk_all, dim] when it completes. */
 static dsv4_status stage1_start(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x,
                                 int which, float **Cp, float **Zp, float **blocks, float **all) {
   dsv4_status rc = DSV4_OK;
@@ -106,8 +111,8 @@ static dsv4_status stage1_start(dsv4_core *c, const dsv4_core_fwd_args *a, const
   DSV4_TRY(proj_segments(c, lay, *Zp, cD, 1, a->x, c->cfg.dim, dsv4_w(w, which ? W_I_WGATE : W_C_WGATE),
                          cD, c->cfg.dim));
   DSV4_TRY(x->cmp_halo(x->st, lay, *Cp, *Zp, cD, which));
-  DSV4_SLOTZ(*blocks, c->slot[which ? CS_T2 : CS_T0], lay->n_blk * dim); /* blocks in padding stay 0 */
-  DSV4_SLOT(*all, c->slot[which ? CS_T3 : CS_T1], lay->n_blk_all * dim);
+  DSV4_SLOTZ(*blocks, c->slot[which ? CS_SLOTS_IDX : CS_SLOTS_MAIN], lay->n_blk * dim); /* unused rows stay 0 */
+  DSV4_SLOT(*all, c->slot[which ? CS_SLOTS_IDX_ALL : CS_SLOTS_MAIN_ALL], lay->n_blk_all * dim);
   dsv4_compress_args ca = {
       .out = *blocks, .out_row = sv->slot_blk, .C = *Cp, .Z = *Zp,
       .ape = dsv4_w(w, which ? W_I_APE : W_C_APE), .norm_w = dsv4_w(w, which ? W_I_NORM : W_C_NORM),
@@ -163,7 +168,7 @@ static dsv4_status kl_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const d
   dsv4_core_saved *sv = &c->sv;
   double *rows = NULL, sum = 0;
   int64_t n_valid = 0;
-  DSV4_SLOT(rows, c->slot[CS_T5], a->n);
+  DSV4_SLOT(rows, c->slot[CS_KL_ROWS], a->n);
   dsv4_kl_args ka = {.loss_sum = &sum, .n_valid = &n_valid, .loss_rows = rows, .q = a->q,
                      .cmp_kv = sv->cmp, .topk_ids = sv->topk, .q_idx = sv->qI, .k_idx = sv->KI,
                      .weights = sv->wI, .vis_begin = sv->cmp_begin, .vis_count = sv->cmp_count,
@@ -194,39 +199,55 @@ fail:
   return rc;
 }
 
-dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x) {
+/* The agreement check, the validated packing meta, this rank's layout and token map, and the
+ * RoPE table up to the longest document. */
+static dsv4_status prepare(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x) {
   dsv4_status rc = DSV4_OK;
   dsv4_core_saved *sv = &c->sv;
-  float *blk = NULL, *all = NULL, *blk_i = NULL, *all_i = NULL, *ml = NULL;
-  const int r = c->ratio, H = c->cfg.n_heads, D = c->cfg.head_dim;
-  dsv4_core_saved_free(sv);
-  DSV4_TRY(check_args(c, a));
   DSV4_TRY(x->agree(x->st, c, a->pk, a->n));
-  DSV4_TRY(dsv4_docs_build(&sv->docs, a->pk, r));
+  DSV4_TRY(dsv4_docs_build(&sv->docs, a->pk, c->ratio));
   DSV4_TRY(x->layout(x->st, &sv->docs, a->n, c->cfg.window, &sv->lay));
   DSV4_TRY(dsv4_core_fill_tokmap(c, &sv->docs, &sv->lay, NULL));
   int64_t max_len = 1;
   for (int i = 0; i < sv->docs.n_docs; i++)
     max_len = sv->docs.cu[i + 1] - sv->docs.cu[i] > max_len ? sv->docs.cu[i + 1] - sv->docs.cu[i] : max_len;
   DSV4_TRY(dsv4_rope_reserve(&c->rope, max_len));
-  const int64_t n = a->n;
-  sv->n = n;
+  sv->n = a->n;
   sv->q = a->q, sv->kv = a->kv, sv->x = a->x, sv->qr = a->qr, sv->o = a->o;
+fail:
+  return rc;
+}
 
-  /* Stage 1: start the all-gathers of the compressed blocks. */
-  if (r > 0) {
-    DSV4_TRY(build_slots(c));
-    DSV4_TRY(stage1_start(c, a, x, 0, &sv->C, &sv->Z, &blk, &all));
-    if (r == 4) DSV4_TRY(stage1_start(c, a, x, 1, &sv->CI, &sv->ZI, &blk_i, &all_i));
-    DSV4_SLOT(sv->cmp_begin, c->slot[CS_CMP_BEGIN], n);
-    DSV4_SLOT(sv->cmp_count, c->slot[CS_CMP_COUNT], n);
-    for (int64_t i = 0; i < n; i++) {
-      sv->cmp_begin[i] = (int32_t)sv->docs.cu_cmp[c->tok.doc[i]];
-      sv->cmp_count[i] = c->tok.real[i] ? (c->tok.pos[i] + 1) / r : 0;
-    }
+/* Stage 1: start the all-gathers of both compressors' slots; the visible compressed range of every
+ * local query (SPEC 3 step 4: the slots of its document that end at or before it). */
+static dsv4_status stage1(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x, float **all,
+                          float **all_i) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_saved *sv = &c->sv;
+  float *blk = NULL, *blk_i = NULL;
+  const int r = c->ratio;
+  DSV4_TRY(build_slots(c));
+  DSV4_TRY(stage1_start(c, a, x, 0, &sv->C, &sv->Z, &blk, all));
+  if (r == 4) DSV4_TRY(stage1_start(c, a, x, 1, &sv->CI, &sv->ZI, &blk_i, all_i));
+  DSV4_SLOT(sv->cmp_begin, c->slot[CS_CMP_BEGIN], a->n);
+  DSV4_SLOT(sv->cmp_count, c->slot[CS_CMP_COUNT], a->n);
+  for (int64_t i = 0; i < a->n; i++) {
+    sv->cmp_begin[i] = (int32_t)sv->docs.cu_cmp[c->tok.doc[i]];
+    sv->cmp_count[i] = c->tok.real[i] ? (c->tok.pos[i] + 1) / r : 0;
   }
+fail:
+  return rc;
+}
 
-  /* Stage 2: window halo, then the window phase while the all-gathers are in flight. */
+/* Stage 2, window part: the window halo, then (fast path) the window phase of the attention while
+ * the all-gathers are in flight. Fills *at with the window arguments; *ml receives the phase's
+ * running max and sum [2, n, H]. */
+static dsv4_status window_phase(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x,
+                                dsv4_attn_args *at, dsv4_placement places[5], float **ml) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_saved *sv = &c->sv;
+  const int H = c->cfg.n_heads, D = c->cfg.head_dim;
+  const int64_t n = a->n;
   DSV4_SLOT(sv->win_start, c->slot[CS_WIN_START], n);
   DSV4_SLOT(sv->win_len, c->slot[CS_WIN_LEN], n);
   window_ranges(c, &sv->lay, sv->win_start, sv->win_len);
@@ -241,19 +262,61 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
     kv_ext = sv->kv_ext;
   }
   DSV4_SLOT(sv->lse, c->slot[CS_LSE], n * H);
-  dsv4_attn_args at = {.out = a->o, .lse = sv->lse, .q = a->q, .ori_kv = kv_ext,
-                       .win_start = sv->win_start, .win_len = sv->win_len,
-                       .sink = dsv4_w(c->w, W_SINK), .S1 = n, .R = sv->lay.R_kv, .H = H, .D = D,
-                       .scale = (float)(1.0 / sqrt((double)D))};
-  dsv4_placement places[5];
+  *at = (dsv4_attn_args){.out = a->o, .lse = sv->lse, .q = a->q, .ori_kv = kv_ext,
+                         .win_start = sv->win_start, .win_len = sv->win_len,
+                         .sink = dsv4_w(c->w, W_SINK), .S1 = n, .R = sv->lay.R_kv, .H = H, .D = D,
+                         .scale = (float)(1.0 / sqrt((double)D))};
   dsv4_attn_places(places, sv->lay.R_kv - n);
   if (c->impl == DSV4_IMPL_FAST) {
-    DSV4_TRY(dsv4_attn_layout_check(&at, x->nranks, places));
-    DSV4_SLOT(ml, c->slot[CS_T4], 2 * n * H);
-    DSV4_TRY(dsv4_sparse_attn_window_progress(&at, ml, ml + n * H, x->progress, x->st));
+    DSV4_TRY(dsv4_attn_layout_check(at, x->nranks, places));
+    DSV4_SLOT(*ml, c->slot[CS_WIN_STATE], 2 * n * H);
+    DSV4_TRY(dsv4_sparse_attn_window_progress(at, *ml, *ml + n * H, x->progress, x->st));
   }
-  /* more local work before waiting: the indexer's queries and weights */
-  if (r == 4) DSV4_TRY(indexer_queries(c, a));
+fail:
+  return rc;
+}
+
+/* Stage 2, r == 4: the indexer's top-k of every local query over the GLOBAL indexer keys (ids in the
+ * global compressed sequence, width index_topk on every rank); the attention then reads those ids
+ * and, in sparse KL mode, writes the KL teacher from its own compressed logits. */
+static dsv4_status select_topk(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x,
+                               dsv4_attn_args *at) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_saved *sv = &c->sv;
+  const int k = c->cfg.index_topk;
+  const int64_t n = a->n;
+  DSV4_SLOT(sv->topk, c->slot[CS_TOPK], n * k);
+  DSV4_SLOT(sv->scores, c->slot[CS_SCORES], n * k);
+  dsv4_indexer_args ia = {.topk_ids = sv->topk, .topk_scores = sv->scores, .q_idx = sv->qI, .k_idx = sv->KI,
+                          .weights = sv->wI, .vis_begin = sv->cmp_begin, .vis_count = sv->cmp_count, .S1 = n,
+                          .C = sv->docs.n_cmp, .Hi = c->cfg.index_n_heads, .Di = c->cfg.index_head_dim, .topk = k};
+  dsv4_placement iplaces[3];
+  dsv4_indexer_places(iplaces);
+  DSV4_TRY(dsv4_lightning_indexer_dist(&ia, x->nranks, iplaces, c->impl));
+  if (a->topk_ids) memcpy(a->topk_ids, sv->topk, sizeof(int32_t) * (size_t)(n * k));
+  at->cmp_ids = sv->topk;
+  at->n_cmp_ids = k;
+  if (c->cfg.index_loss_mode == DSV4_KL_SPARSE) {
+    DSV4_SLOT(sv->teacher, c->slot[CS_TEACHER], n * k);
+    at->teacher = sv->teacher;
+  }
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4_exchange *x) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_saved *sv = &c->sv;
+  float *all = NULL, *all_i = NULL, *ml = NULL;
+  const int r = c->ratio;
+  dsv4_attn_args at;
+  dsv4_placement places[5];
+  dsv4_core_saved_free(sv);
+  DSV4_TRY(check_args(c, a));
+  DSV4_TRY(prepare(c, a, x));
+  if (r > 0) DSV4_TRY(stage1(c, a, x, &all, &all_i));
+  DSV4_TRY(window_phase(c, a, x, &at, places, &ml));
+  if (r == 4) DSV4_TRY(indexer_queries(c, a)); /* more local work before waiting for the gathers */
   if (r > 0) {
     DSV4_TRY(stage1_finish(c, x, 0, all, &sv->cmp));
     at.cmp_kv = sv->cmp;
@@ -263,27 +326,10 @@ dsv4_status dsv4_core_run_forward(dsv4_core *c, const dsv4_core_fwd_args *a, con
   }
   if (r == 4) {
     DSV4_TRY(stage1_finish(c, x, 1, all_i, &sv->KI));
-    const int k = c->cfg.index_topk;
-    DSV4_SLOT(sv->topk, c->slot[CS_TOPK], n * k);
-    DSV4_SLOT(sv->scores, c->slot[CS_SCORES], n * k);
-    dsv4_indexer_args ia = {.topk_ids = sv->topk, .topk_scores = sv->scores, .q_idx = sv->qI, .k_idx = sv->KI, .weights = sv->wI,
-                            .vis_begin = sv->cmp_begin, .vis_count = sv->cmp_count, .S1 = n,
-                            .C = sv->docs.n_cmp, .Hi = c->cfg.index_n_heads,
-                            .Di = c->cfg.index_head_dim, .topk = k};
-    dsv4_placement iplaces[3];
-    dsv4_indexer_places(iplaces);
-    DSV4_TRY(dsv4_lightning_indexer_dist(&ia, x->nranks, iplaces, c->impl));
-    if (a->topk_ids) memcpy(a->topk_ids, sv->topk, sizeof(int32_t) * (size_t)(n * k));
-    at.cmp_ids = sv->topk;
-    at.n_cmp_ids = k;
-    /* the KL teacher comes out of the attention's own compressed logits (sparse mode) */
-    if (c->cfg.index_loss_mode == DSV4_KL_SPARSE) {
-      DSV4_SLOT(sv->teacher, c->slot[CS_TEACHER], n * k);
-      at.teacher = sv->teacher;
-    }
+    DSV4_TRY(select_topk(c, a, x, &at));
   }
   if (c->impl == DSV4_IMPL_FAST)
-    DSV4_TRY(dsv4_sparse_attn_finish(&at, ml, ml + n * H));
+    DSV4_TRY(dsv4_sparse_attn_finish(&at, ml, ml + a->n * at.H));
   else
     DSV4_TRY(dsv4_sparse_attn_dist(&at, x->nranks, places, c->impl));
   if (r == 4) {

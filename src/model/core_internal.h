@@ -9,11 +9,16 @@
  * Extended buffers (per segment, in segment order):
  *   kv_ext    [R_kv, D]   : win_halo rows (the W-1 raw kv rows before the segment, clamped to the
  *                           document start), then the segment's own rows
- *   C/Z_ext   [R_c, c*D]  : CMP_HALO_ROWS(r) rows (r == 4: the previous window, first-half channels
- *                           only), then the segment's own rows
- * Blocks: the local rows cut into windows of r tokens (every segment starts on a multiple of r);
- * each rank's blocks form its slot buffer, all-gathered in rank order, and the gather index maps
- * each global compressed id (SPEC 4: documents' slots in order) to its row there. */
+ *   C/Z_ext   [R_c, c*D]  : c_halo rows (the part of the segment's first owned slot, and for r = 4
+ *                           of its previous window, that lies before the segment), then the
+ *                           segment's own rows
+ * Slot ownership: a compressed slot is computed by the segment holding its LAST token (its end;
+ * model/docs.h), so a window straddling any number of segment or rank boundaries is pooled once,
+ * by one owner, from rows it received as a left halo - the same direction as the window halo.
+ * A segment of len rows owns at most ceil(len / r) slots (their windows are disjoint runs of r
+ * tokens ending inside it); that capacity is its part of the rank's slot buffer, all-gathered in
+ * rank order, and the gather index maps each global compressed id to its row there (unused
+ * capacity rows are never selected). */
 #ifndef DSV4_CORE_INTERNAL_H
 #define DSV4_CORE_INTERNAL_H
 
@@ -36,17 +41,17 @@ dsv4_core_ops dsv4_core_get_ops(const dsv4_core *c);
 void dsv4_core_set_ops(dsv4_core *c, const dsv4_core_ops *ops, void *impl_state, void (*free_state)(void *));
 void *dsv4_core_impl_state(const dsv4_core *c);
 
-/* Rows in front of each segment in the compressor buffers: the previous window for r == 4. */
-#define CMP_HALO_ROWS(r) ((r) == 4 ? 4 : 0)
-
 typedef struct {
   int64_t g0, len;   /* global tokens [g0, g0 + len) */
   int64_t lo;        /* first local row */
   int64_t win_halo;  /* window halo rows before the segment */
   int64_t kv_row;    /* first row of the halo in kv_ext (own rows start at kv_row + win_halo) */
-  int cmp_halo;      /* 1: the first block's previous window comes from another rank */
-  int64_t c_row;     /* first row of the halo in C/Z_ext */
-  int64_t blk0;      /* first local block */
+  int64_t c_halo;    /* compressor halo rows before the segment (global [g0 - c_halo, g0)) */
+  int64_t c_full;    /* the last c_full of them carry every channel (the first owned slot's own
+                        window); the others only the first half (r = 4: its previous window) */
+  int64_t c_row;     /* first row of the halo in C/Z_ext (own rows start at c_row + c_halo) */
+  int64_t id0, n_own;/* the global slot ids [id0, id0 + n_own) this segment owns (ends inside it) */
+  int64_t blk0;      /* first row of the segment's part of the local slot buffer */
 } dsv4_seg;
 
 typedef struct {
@@ -55,14 +60,22 @@ typedef struct {
   dsv4_seg *seg;
   int64_t n;         /* local rows */
   int64_t R_kv, R_c; /* rows of kv_ext and C/Z_ext */
-  int64_t n_blk;     /* local blocks (ratio > 0) */
-  int64_t n_blk_all; /* blocks of all ranks */
-  int32_t *gather;   /* [docs.n_cmp] global compressed id -> row of the all-gathered block buffer */
+  int64_t n_blk;     /* rows of the local slot buffer: sum of ceil(len / r) (the same on every rank) */
+  int64_t n_blk_all; /* rows of all ranks' slot buffers */
+  int64_t n_own;     /* slots this rank owns */
+  int32_t *gather;   /* [docs.n_cmp] global compressed id -> row of the all-gathered slot buffers */
   int64_t panel;     /* projection panel rows (dsv4_panel_rows of the global T) */
   int ext_kv;        /* 1: build kv_ext and run the window halo exchange (every CP rank, so the
                         point-to-point messages match); 0: kv is used as it is (one rank) */
 } dsv4_layout;
 
+/* The layout of local rows made of segments segs[0..n_seg) (global runs, in local row order):
+ * halos, buffer offsets, slot ownership (model/layout.c). ext_kv as in dsv4_layout. No gather
+ * index (it needs every rank's layout: dsv4_layout_set_gather). */
+dsv4_status dsv4_layout_build(dsv4_layout *lay, const dsv4_docs *docs, const dsv4_range *segs, int n_seg, int W,
+                              int ext_kv);
+/* gather[id] for the slots that lay (rank `rank`) owns: rank * n_blk + its row in the slot buffer. */
+void dsv4_layout_set_gather(const dsv4_layout *lay, int rank, int32_t *gather);
 void dsv4_layout_free(dsv4_layout *lay);
 /* dst = a deep copy of src (n_cmp entries of the gather index). */
 dsv4_status dsv4_layout_copy(dsv4_layout *dst, const dsv4_layout *src, int64_t n_cmp);
@@ -125,12 +138,25 @@ typedef struct {
   int64_t n_valid;                    /* KL valid tokens over all ranks */
 } dsv4_core_saved;
 
-/* Buffers kept across calls (util/slot.h): one per saved tensor, and T0..T8 for temporaries
- * (forward: blocks, all-gathered blocks, indexer blocks and all-gathered, window-phase state, KL
- * rows; backward: d kv_ext, d cmp, d all, d blocks, dC, dZ, d qI, d w, d KI). */
-enum { CS_WIN_START, CS_WIN_LEN, CS_LSE, CS_KV_EXT, CS_C, CS_Z, CS_SLOT_CUR, CS_SLOT_PREV, CS_SLOT_POS,
-       CS_SLOT_BLK, CS_CMP, CS_CMP_BEGIN, CS_CMP_COUNT, CS_CI, CS_ZI, CS_KI, CS_QI, CS_WI, CS_TOPK, CS_SCORES,
-       CS_TEACHER, CS_T0, CS_T1, CS_T2, CS_T3, CS_T4, CS_T5, CS_T6, CS_T7, CS_T8, CS_COUNT };
+/* Buffers kept across calls (util/slot.h): one per saved tensor, then the temporaries. A forward
+ * temporary and a backward temporary never live at once, so each pair shares one buffer (named
+ * for both of its uses). */
+enum {
+  CS_WIN_START, CS_WIN_LEN, CS_LSE, CS_KV_EXT, CS_C, CS_Z, CS_SLOT_CUR, CS_SLOT_PREV, CS_SLOT_POS,
+  CS_SLOT_BLK, CS_CMP, CS_CMP_BEGIN, CS_CMP_COUNT, CS_CI, CS_ZI, CS_KI, CS_QI, CS_WI, CS_TOPK, CS_SCORES,
+  CS_TEACHER,
+  /* forward temporary                     backward temporary */
+  CS_SLOTS_MAIN,                         CS_D_KV_EXT = CS_SLOTS_MAIN,        /* [n_blk, D]      | [R_kv, D] */
+  CS_SLOTS_MAIN_ALL,                     CS_D_CMP = CS_SLOTS_MAIN_ALL,       /* [n_blk_all, D]  | [n_cmp, D] */
+  CS_SLOTS_IDX,                          CS_D_SLOTS_ALL = CS_SLOTS_IDX,      /* [n_blk, Di]     | [n_blk_all, dim] */
+  CS_SLOTS_IDX_ALL,                      CS_D_SLOTS = CS_SLOTS_IDX_ALL,      /* [n_blk_all, Di] | [n_blk, dim] */
+  CS_WIN_STATE,                          CS_DC = CS_WIN_STATE,               /* [2, n, H]       | [R_c, cD] */
+  CS_KL_ROWS,                            CS_DZ = CS_KL_ROWS,                 /* [n] doubles     | [R_c, cD] */
+  CS_D_QI,                                                                   /* [n, Hi Di] */
+  CS_D_WI,                                                                   /* [n, Hi] */
+  CS_D_KI,                                                                   /* [n_cmp, Di] */
+  CS_COUNT
+};
 
 struct dsv4_core {
   dsv4_config cfg;

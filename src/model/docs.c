@@ -38,10 +38,6 @@ dsv4_status dsv4_docs_build(dsv4_docs *d, const dsv4_packing *pk, int ratio) {
     DSV4_CHECK(d->real[i] > 0 && d->real[i] <= padded, DSV4_ERR_ARG,
                "seqlens_real[%d] = %lld out of range (1..%lld, the padded length)", i,
                (long long)d->real[i], (long long)padded);
-    if (ratio > 0)
-      DSV4_CHECK(padded % ratio == 0, DSV4_ERR_ARG,
-                 "document %d: padded length %lld is not a multiple of the layer's compress ratio %d",
-                 i, (long long)padded, ratio);
     d->cu_cmp[i + 1] = d->cu_cmp[i] + (ratio > 0 ? d->real[i] / ratio : 0);
   }
   d->n_cmp = d->cu_cmp[n];
@@ -49,6 +45,29 @@ dsv4_status dsv4_docs_build(dsv4_docs *d, const dsv4_packing *pk, int ratio) {
 fail:
   dsv4_docs_free(d);
   return rc;
+}
+
+/* Worked example (r = 4): documents [0, 10) all real and [10, 17) with 6 real tokens; slots are
+ * doc 0: [0,4) [4,8) (tokens 8, 9 form no slot), doc 1: [10,14) (tokens 14, 15 no slot, 16 is
+ * padding). Slot ends: 3, 7, 13. slots_before(8) = 2 (ends 3 and 7 < 8), slots_before(13) = 2,
+ * slots_before(14) = 3: a segment [8, 14) owns exactly slot id 2. */
+int64_t dsv4_docs_slots_before(const dsv4_docs *d, int64_t g) {
+  if (d->ratio <= 0 || g <= 0) return 0;
+  if (g >= d->T) return d->n_cmp;
+  const int i = dsv4_docs_find(d, g);
+  const int64_t n_c = d->cu_cmp[i + 1] - d->cu_cmp[i], in_doc = (g - d->cu[i]) / d->ratio;
+  return d->cu_cmp[i] + (in_doc < n_c ? in_doc : n_c);
+}
+
+void dsv4_docs_slot(const dsv4_docs *d, int64_t id, int *doc, int64_t *j) {
+  int lo = 0, hi = d->n_docs - 1;
+  while (lo < hi) { /* last document whose first slot id is <= id (documents without slots skipped) */
+    int mid = (lo + hi + 1) / 2;
+    if (d->cu_cmp[mid] <= id) lo = mid; else hi = mid - 1;
+  }
+  while (lo < d->n_docs - 1 && d->cu_cmp[lo + 1] <= id) lo++;
+  *doc = lo;
+  *j = id - d->cu_cmp[lo];
 }
 
 void dsv4_docs_free(dsv4_docs *d) {

@@ -7,6 +7,11 @@
 #include <stdint.h>
 #include "dsv4cp.h"
 
+/* A run of global tokens [g0, g0 + len) (a segment of a rank's rows). */
+typedef struct {
+  int64_t g0, len;
+} dsv4_range;
+
 typedef struct {
   int n_docs;
   int64_t T;
@@ -18,12 +23,21 @@ typedef struct {
   int64_t n_cmp;      /* total compressed slots */
 } dsv4_docs;
 
-/* Validates pk for a layer of the given ratio (errors name cu_seqlens / seqlens_real and the
- * document) and builds the table. */
+/* Validates pk (errors name cu_seqlens / seqlens_real and the document) and builds the table;
+ * ratio only decides the slot counts (documents of any length are accepted). */
 dsv4_status dsv4_docs_build(dsv4_docs *d, const dsv4_packing *pk, int ratio);
 void dsv4_docs_free(dsv4_docs *d);
 /* Document containing global token g (binary search). */
 int dsv4_docs_find(const dsv4_docs *d, int64_t g);
+
+/* Compressed slots (SPEC 4). Slot j of document i pools document-local tokens [jr, (j+1)r) (and
+ * [(j-1)r, jr) for r = 4); its END is its last token cu[i] + (j+1)r - 1. Global slot ids follow
+ * the documents' order, which is also the order of their ends, so the slots ending inside any
+ * token range [g0, g1) are the consecutive ids [slots_before(g0), slots_before(g1)). */
+/* Number of slots whose end lies before global token g (0 <= g <= T). */
+int64_t dsv4_docs_slots_before(const dsv4_docs *d, int64_t g);
+/* Document and in-document index j of global slot id (0 <= id < n_cmp). */
+void dsv4_docs_slot(const dsv4_docs *d, int64_t id, int *doc, int64_t *j);
 
 /* Owned storage behind a dsv4_token_map. */
 typedef struct {

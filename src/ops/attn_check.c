@@ -100,25 +100,3 @@ dsv4_status dsv4_kl_check(const dsv4_kl_args *a) {
 fail:
   return rc;
 }
-
-dsv4_status dsv4_compress_check(const dsv4_compress_args *a) {
-  dsv4_status rc = DSV4_OK;
-  DSV4_CHECK(a && a->C && a->Z && a->ape && a->norm_w && a->cur_row && a->pos && a->rope, DSV4_ERR_ARG,
-             "compressor: a required pointer is NULL");
-  DSV4_CHECK(a->ratio == 4 || a->ratio == 128, DSV4_ERR_ARG, "compressor: ratio %d (expected 4 or 128)", a->ratio);
-  for (int64_t s = 0; s < a->n_slots; s++) {
-    DSV4_CHECK(a->cur_row[s] >= 0 && a->cur_row[s] + a->ratio <= a->rows, DSV4_ERR_ARG,
-               "compressor: cur_row[%lld] = %d: window outside C/Z rows [0, %lld)", (long long)s, a->cur_row[s],
-               (long long)a->rows);
-    if (a->ratio == 4 && a->prev_row)
-      DSV4_CHECK(a->prev_row[s] >= -1 && a->prev_row[s] + 4 <= a->rows, DSV4_ERR_ARG,
-                 "compressor: prev_row[%lld] = %d: window outside C/Z rows [0, %lld)", (long long)s,
-                 a->prev_row[s], (long long)a->rows);
-    const int64_t o = dsv4_compress_out_row(a, s);
-    DSV4_CHECK(o >= 0 && o < (a->out_row ? a->rows_out : a->n_slots), DSV4_ERR_ARG,
-               "compressor: out_row[%lld] = %lld outside out rows [0, %lld)", (long long)s, (long long)o,
-               (long long)(a->out_row ? a->rows_out : a->n_slots));
-  }
-fail:
-  return rc;
-}

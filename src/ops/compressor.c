@@ -9,6 +9,7 @@
 #include "rmsnorm.h"
 #include "util/err.h"
 #include "util/par.h"
+#include "util/workspace.h"
 
 #define MAX_ROWS (2 * 128)
 
@@ -17,6 +18,22 @@ typedef struct {
   int n;
   int32_t row[MAX_ROWS], t[MAX_ROWS], off[MAX_ROWS];
 } slot_rows;
+
+/* Per-thread scratch: the slot's rows and per-channel m, den, pooled, d pooled ([D] each). */
+typedef struct {
+  slot_rows *sr;
+  float *m, *den, *pooled, *dp;
+} pool_scratch;
+
+static size_t pool_carve(char *base, int D, pool_scratch *s) {
+  dsv4_carver c = {base, 0};
+  s->sr = dsv4_carve(&c, sizeof(slot_rows));
+  s->m = dsv4_carve(&c, sizeof(float) * (size_t)D);
+  s->den = dsv4_carve(&c, sizeof(float) * (size_t)D);
+  s->pooled = dsv4_carve(&c, sizeof(float) * (size_t)D);
+  s->dp = dsv4_carve(&c, sizeof(float) * (size_t)D);
+  return c.used;
+}
 
 /* Rows of slot s in the fixed order the pooling sums them: previous window, then own window. */
 static void rows_of(const dsv4_compress_args *a, int64_t s, slot_rows *sr) {
@@ -56,34 +73,53 @@ static void pool_slot(const dsv4_compress_args *a, const slot_rows *sr, float *p
   for (int e = 0; e < D; e++) pooled[e] /= den[e];
 }
 
+/* Every pointer and row index of a compressor call, before any kernel reads them (shared by the
+ * fast and the naive path). */
+dsv4_status dsv4_compress_check(const dsv4_compress_args *a) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_CHECK(a && a->C && a->Z && a->ape && a->norm_w && a->cur_row && a->pos && a->rope, DSV4_ERR_ARG,
+             "compressor: a required pointer is NULL");
+  DSV4_CHECK(a->ratio == 4 || a->ratio == 128, DSV4_ERR_ARG, "compressor: ratio %d (expected 4 or 128)", a->ratio);
+  for (int64_t s = 0; s < a->n_slots; s++) {
+    DSV4_CHECK(a->cur_row[s] >= 0 && a->cur_row[s] + a->ratio <= a->rows, DSV4_ERR_ARG,
+               "compressor: cur_row[%lld] = %d: window outside C/Z rows [0, %lld)", (long long)s, a->cur_row[s],
+               (long long)a->rows);
+    if (a->ratio == 4 && a->prev_row)
+      DSV4_CHECK(a->prev_row[s] >= -1 && a->prev_row[s] + 4 <= a->rows, DSV4_ERR_ARG,
+                 "compressor: prev_row[%lld] = %d: window outside C/Z rows [0, %lld)", (long long)s,
+                 a->prev_row[s], (long long)a->rows);
+    const int64_t o = dsv4_compress_out_row(a, s);
+    DSV4_CHECK(o >= 0 && o < (a->out_row ? a->rows_out : a->n_slots), DSV4_ERR_ARG,
+               "compressor: out_row[%lld] = %lld outside out rows [0, %lld)", (long long)s, (long long)o,
+               (long long)(a->out_row ? a->rows_out : a->n_slots));
+  }
+fail:
+  return rc;
+}
+
 dsv4_status dsv4_compress(const dsv4_compress_args *a) {
   dsv4_status rc = DSV4_OK;
+  dsv4_workspace ws = {0};
   const int D = a->D;
   DSV4_TRY(dsv4_compress_check(a));
   DSV4_CHECK(a->out, DSV4_ERR_ARG, "compressor: out is NULL");
-  int failed = 0;
-#pragma omp parallel
+  const int nt = dsv4_nthreads();
+  pool_scratch sc;
+  DSV4_TRY(dsv4_ws_alloc(&ws, pool_carve(NULL, D, &sc), nt, "compressor"));
+#pragma omp parallel num_threads(nt) private(sc)
   {
-    float *scr = malloc(sizeof(float) * 3 * (size_t)D);
-    slot_rows *sr = malloc(sizeof *sr);
-    if (!scr || !sr) {
-#pragma omp atomic write
-      failed = 1;
-    }
+    pool_carve(dsv4_ws_thread(&ws), D, &sc);
 #pragma omp for schedule(static)
     for (int64_t s = 0; s < a->n_slots; s++) {
-      if (!scr || !sr) continue;
-      float *m = scr, *den = scr + D, *pooled = scr + 2 * D, *out = a->out + dsv4_compress_out_row(a, s) * D;
-      rows_of(a, s, sr);
-      pool_slot(a, sr, pooled, m, den);
-      dsv4_rmsnorm_row(out, pooled, a->norm_w, D, a->eps);
+      float *out = a->out + dsv4_compress_out_row(a, s) * D;
+      rows_of(a, s, sc.sr);
+      pool_slot(a, sc.sr, sc.pooled, sc.m, sc.den);
+      dsv4_rmsnorm_row(out, sc.pooled, a->norm_w, D, a->eps);
       dsv4_rope_apply(a->rope, out, D, a->pos[s], 0);
     }
-    free(scr);
-    free(sr);
   }
-  DSV4_CHECK(!failed, DSV4_ERR_NOMEM, "compressor: out of memory for scratch");
 fail:
+  dsv4_ws_free(&ws);
   return rc;
 }
 
@@ -97,24 +133,21 @@ dsv4_status dsv4_compress_bwd(const dsv4_compress_bwd_args *b) {
   const int D = a->D, r = a->ratio, cD = (r == 4 ? 2 : 1) * D;
   const size_t n_ape = (size_t)r * cD;
   float *priv = NULL;
+  dsv4_workspace ws = {0};
   DSV4_TRY(dsv4_compress_check(a));
   DSV4_CHECK(b->dC && b->dZ && b->d_ape && b->d_norm_w && b->d_out, DSV4_ERR_ARG, "compressor backward: a gradient pointer is NULL");
   const int nt = dsv4_nthreads();
   DSV4_ALLOC(priv, (size_t)nt * (n_ape + D));
-  int failed = 0;
-#pragma omp parallel num_threads(nt)
+  pool_scratch sc;
+  DSV4_TRY(dsv4_ws_alloc(&ws, pool_carve(NULL, D, &sc), nt, "compressor backward"));
+#pragma omp parallel num_threads(nt) private(sc)
   {
-    float *scr = malloc(sizeof(float) * 4 * (size_t)D);
-    slot_rows *sr = malloc(sizeof *sr);
+    pool_carve(dsv4_ws_thread(&ws), D, &sc);
     float *dape = priv + (size_t)dsv4_thread_id() * (n_ape + D), *dnorm = dape + n_ape;
-    if (!scr || !sr) {
-#pragma omp atomic write
-      failed = 1;
-    }
+    float *m = sc.m, *den = sc.den, *pooled = sc.pooled, *dp = sc.dp;
+    slot_rows *sr = sc.sr;
 #pragma omp for schedule(static)
     for (int64_t s = 0; s < a->n_slots; s++) {
-      if (!scr || !sr) continue;
-      float *m = scr, *den = scr + D, *pooled = scr + 2 * D, *dp = scr + 3 * D;
       rows_of(a, s, sr);
       pool_slot(a, sr, pooled, m, den);
       memcpy(dp, b->d_out + dsv4_compress_out_row(a, s) * D, sizeof(float) * D);
@@ -135,16 +168,14 @@ dsv4_status dsv4_compress_bwd(const dsv4_compress_bwd_args *b) {
         }
       }
     }
-    free(scr);
-    free(sr);
   }
-  DSV4_CHECK(!failed, DSV4_ERR_NOMEM, "compressor backward: out of memory for scratch");
   for (int t = 0; t < nt; t++) {
     const float *p = priv + (size_t)t * (n_ape + D);
     for (size_t i = 0; i < n_ape; i++) b->d_ape[i] += p[i];
     for (int e = 0; e < D; e++) b->d_norm_w[e] += p[n_ape + e];
   }
 fail:
+  dsv4_ws_free(&ws);
   free(priv);
   return rc;
 }

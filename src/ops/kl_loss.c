@@ -9,12 +9,28 @@
 #include "util/gemm.h"
 #include "util/par.h"
 #include "util/reduce.h"
+#include "util/workspace.h"
 
-/* Per-thread scratch. */
+/* Per-thread scratch: one query's n <= nmax selected rows (ids, gathered main and indexer keys,
+ * the indexer keys' gradients), logits Z [H, n] and SI [Hi, n], teacher t [n], student I [n]. */
 typedef struct {
   int32_t *rows;
   float *Kc, *Ki, *Z, *SI, *t, *I, *dKi;
 } kl_scratch;
+
+static size_t kl_carve(char *base, const dsv4_kl_args *a, int64_t nmax, kl_scratch *s) {
+  dsv4_carver c = {base, 0};
+  const size_t n = (size_t)nmax;
+  s->rows = dsv4_carve(&c, sizeof(int32_t) * n);
+  s->Kc = dsv4_carve(&c, sizeof(float) * n * (size_t)a->D);
+  s->Ki = dsv4_carve(&c, sizeof(float) * n * (size_t)a->Di);
+  s->dKi = dsv4_carve(&c, sizeof(float) * n * (size_t)a->Di);
+  s->Z = dsv4_carve(&c, sizeof(float) * n * (size_t)a->H);
+  s->SI = dsv4_carve(&c, sizeof(float) * n * (size_t)a->Hi);
+  s->t = dsv4_carve(&c, sizeof(float) * n);
+  s->I = dsv4_carve(&c, sizeof(float) * (n + 1));
+  return c.used;
+}
 
 /* Values of a [S1, topk] input at query p's valid (non -1) columns, in order (as dsv4_kl_rows). */
 static void compact_row(const dsv4_kl_args *a, const float *v, int64_t p, float *out) {
@@ -94,8 +110,9 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
   dsv4_status rc = DSV4_OK;
   double *terms = NULL;
   float *priv = NULL;
+  dsv4_workspace ws = {0};
   DSV4_TRY(dsv4_kl_check(a));
-  const int H = a->H, D = a->D, Hi = a->Hi, Di = a->Di;
+  const int Hi = a->Hi, Di = a->Di;
   int64_t nmax = 1;
   for (int64_t p = 0; p < a->S1; p++) {
     int64_t n = a->dense ? a->vis_count[p] : a->topk;
@@ -104,39 +121,27 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
   const int nt = dsv4_nthreads();
   DSV4_ALLOC(terms, a->S1 + 1);
   if (a->d_k_idx) DSV4_ALLOC(priv, (nt - 1) * a->C * Di + 1);
-  int failed = 0;
+  kl_scratch sc;
+  DSV4_TRY(dsv4_ws_alloc(&ws, kl_carve(NULL, a, nmax, &sc), nt, "indexer_kl_loss"));
   int64_t valid = 0;
-#pragma omp parallel num_threads(nt) reduction(+ : valid)
+#pragma omp parallel num_threads(nt) reduction(+ : valid) private(sc)
   {
     const int tid = dsv4_thread_id();
     float *dk = !a->d_k_idx ? NULL : tid ? priv + (tid - 1) * a->C * Di : a->d_k_idx;
-    kl_scratch s = {0};
-    float *blk = malloc(sizeof(float) * (size_t)(nmax * (D + 2 * Di + H + Hi + 2) + 1));
-    s.rows = malloc(sizeof(int32_t) * (size_t)nmax);
-    if (!blk || !s.rows) {
-#pragma omp atomic write
-      failed = 1;
-    } else {
-      s.Kc = blk; s.Ki = s.Kc + nmax * D; s.dKi = s.Ki + nmax * Di; s.Z = s.dKi + nmax * Di;
-      s.SI = s.Z + nmax * H; s.t = s.SI + nmax * Hi; s.I = s.t + nmax;
-    }
+    kl_carve(dsv4_ws_thread(&ws), a, nmax, &sc);
 #pragma omp for schedule(static, 8) /* fixed assignment: per-thread gradient sums are reproducible */
     for (int64_t p = 0; p < a->S1; p++) {
       terms[p] = 0;
-      if (failed) continue;
-      const int n = dsv4_kl_rows(a, p, s.rows);
+      const int n = dsv4_kl_rows(a, p, sc.rows);
       if (n == 0) {
         if (a->d_q_idx) memset(a->d_q_idx + p * Hi * Di, 0, sizeof(float) * Hi * Di);
         if (a->d_weights) memset(a->d_weights + p * Hi, 0, sizeof(float) * Hi);
         continue;
       }
       valid++;
-      terms[p] = one_query(a, p, n, &s, dk);
+      terms[p] = one_query(a, p, n, &sc, dk);
     }
-    free(blk);
-    free(s.rows);
   }
-  DSV4_CHECK(!failed, DSV4_ERR_NOMEM, "indexer_kl_loss: out of memory for scratch");
   if (a->d_k_idx)
     for (int t = 1; t < nt; t++)
       for (int64_t i = 0; i < a->C * Di; i++) a->d_k_idx[i] += priv[(t - 1) * a->C * Di + i];
@@ -146,6 +151,7 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
   *a->loss_sum = total;
   *a->n_valid = valid;
 fail:
+  dsv4_ws_free(&ws);
   free(terms);
   free(priv);
   return rc;

@@ -16,13 +16,56 @@
 #include "util/gemm.h"
 #include "util/par.h"
 #include "util/reduce.h"
+#include "util/workspace.h"
 
-/* Per-thread scratch of the forward. */
+/* Per-thread scratch of the window phase: scores of one query against its window. */
+static size_t win_carve(char *base, int H, int64_t nwmax, float **S) {
+  dsv4_carver c = {base, 0};
+  *S = dsv4_carve(&c, sizeof(float) * (size_t)H * (size_t)(nwmax ? nwmax : 1));
+  return c.used;
+}
+
+/* Per-thread scratch of the compressed phase. */
 typedef struct {
-  float *S;       /* [H, max keys] scores / probabilities */
-  float *Kc;      /* [max cmp, D] gathered compressed keys */
+  float *S;       /* [H, max cmp] scores / probabilities */
+  float *Kc;      /* [max cmp, D] gathered compressed keys (top-k ids only) */
   int32_t *rows;  /* [max cmp] */
+  float *mc, *lc; /* [H] per-head max and denominator */
+  float *t, *e;   /* [max cmp + 1] KL teacher row and its scratch */
 } fwd_scratch;
+
+static size_t fwd_carve(char *base, const dsv4_attn_args *a, int64_t ncmax, fwd_scratch *s) {
+  dsv4_carver c = {base, 0};
+  s->S = dsv4_carve(&c, sizeof(float) * (size_t)a->H * (size_t)(ncmax ? ncmax : 1));
+  s->Kc = dsv4_carve(&c, sizeof(float) * (size_t)((a->cmp_ids ? ncmax : 0) * a->D + 1));
+  s->rows = dsv4_carve(&c, sizeof(int32_t) * (size_t)(ncmax + 1));
+  s->mc = dsv4_carve(&c, sizeof(float) * (size_t)a->H);
+  s->lc = dsv4_carve(&c, sizeof(float) * (size_t)a->H);
+  s->t = dsv4_carve(&c, sizeof(float) * (size_t)(ncmax + 1));
+  s->e = dsv4_carve(&c, sizeof(float) * (size_t)(ncmax + 1));
+  return c.used;
+}
+
+/* Per-thread scratch of the backward. */
+typedef struct {
+  float *SP;      /* [2H, max keys] dS and P of one block */
+  float *Kc, *dKc;/* [max cmp, D] gathered compressed keys and their gradients */
+  float *QO;      /* [2H, D] q and dO stacked */
+  float *delta;   /* [H] */
+  int32_t *rows;  /* [max cmp] */
+} bwd_scratch;
+
+static size_t bwd_carve(char *base, const dsv4_attn_args *a, int64_t nmax, int64_t ncmax, bwd_scratch *s) {
+  dsv4_carver c = {base, 0};
+  const size_t H = (size_t)a->H, D = (size_t)a->D;
+  s->SP = dsv4_carve(&c, sizeof(float) * 2 * H * (size_t)nmax);
+  s->Kc = dsv4_carve(&c, sizeof(float) * ((size_t)ncmax * D + 1));
+  s->dKc = dsv4_carve(&c, sizeof(float) * ((size_t)ncmax * D + 1));
+  s->QO = dsv4_carve(&c, sizeof(float) * 2 * H * D);
+  s->delta = dsv4_carve(&c, sizeof(float) * H);
+  s->rows = dsv4_carve(&c, sizeof(int32_t) * (size_t)(ncmax + 1));
+  return c.used;
+}
 
 static int64_t max_win(const dsv4_attn_args *a) {
   int64_t m = 0;
@@ -60,21 +103,19 @@ dsv4_status dsv4_sparse_attn_window(const dsv4_attn_args *a, float *m_w, float *
 dsv4_status dsv4_sparse_attn_window_progress(const dsv4_attn_args *a, float *m_w, float *l_w,
                                              void (*progress)(void *), void *ctx) {
   dsv4_status rc = DSV4_OK;
+  dsv4_workspace ws = {0};
   DSV4_TRY(dsv4_attn_check(a));
   const int H = a->H, D = a->D;
   const int64_t nwmax = max_win(a);
-  int failed = 0;
-#pragma omp parallel
+  const int nt = dsv4_nthreads();
+  float *S = NULL;
+  DSV4_TRY(dsv4_ws_alloc(&ws, win_carve(NULL, H, nwmax, &S), nt, "sparse_attn"));
+#pragma omp parallel num_threads(nt) private(S)
   {
-    float *S = malloc(sizeof(float) * (size_t)(H * (nwmax ? nwmax : 1)));
-    if (!S) {
-#pragma omp atomic write
-      failed = 1;
-    }
+    win_carve(dsv4_ws_thread(&ws), H, nwmax, &S);
 #pragma omp for schedule(dynamic, PROGRESS_EVERY)
     for (int64_t p = 0; p < a->S1; p++) {
       if (progress && p % PROGRESS_EVERY == 0 && dsv4_thread_id() == 0) progress(ctx);
-      if (!S) continue;
       const int nw = a->win_len[p];
       const float *q = a->q + p * H * D, *Kw = a->ori_kv + (int64_t)a->win_start[p] * D;
       float *o = a->out + p * H * D;
@@ -87,10 +128,9 @@ dsv4_status dsv4_sparse_attn_window_progress(const dsv4_attn_args *a, float *m_w
       softmax_rows(S, H, nw, m_w + p * H, l_w + p * H);
       dsv4_gemm_nn(H, D, nw, 1.0f, S, nw, Kw, D, 0.0f, o, D);
     }
-    free(S);
   }
-  DSV4_CHECK(!failed, DSV4_ERR_NOMEM, "sparse_attn: out of memory for scratch");
 fail:
+  dsv4_ws_free(&ws);
   return rc;
 }
 
@@ -104,24 +144,20 @@ static void write_teacher(const dsv4_attn_args *a, int64_t p, const float *S, in
 
 dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, const float *l_w) {
   dsv4_status rc = DSV4_OK;
+  dsv4_workspace ws = {0};
   DSV4_TRY(dsv4_attn_check(a));
   const int H = a->H, D = a->D;
   const int64_t ncmax = dsv4_attn_max_cmp(a);
-  int failed = 0;
-#pragma omp parallel
+  const int nt = dsv4_nthreads();
+  fwd_scratch sc;
+  DSV4_TRY(dsv4_ws_alloc(&ws, fwd_carve(NULL, a, ncmax, &sc), nt, "sparse_attn"));
+#pragma omp parallel num_threads(nt) private(sc)
   {
-    fwd_scratch sc = {malloc(sizeof(float) * (size_t)(H * (ncmax ? ncmax : 1))),
-                      malloc(sizeof(float) * (size_t)((a->cmp_ids ? ncmax : 0) * D + 1)),
-                      malloc(sizeof(int32_t) * (size_t)(ncmax + 1))};
-    float *mc = malloc(sizeof(float) * (2 * (size_t)H + 2 * (size_t)ncmax + 2));
-    if (!sc.S || !sc.Kc || !sc.rows || !mc) {
-#pragma omp atomic write
-      failed = 1;
-    }
+    fwd_carve(dsv4_ws_thread(&ws), a, ncmax, &sc);
+    float *mc = sc.mc, *lc = sc.lc;
 #pragma omp for schedule(dynamic, 16)
     for (int64_t p = 0; p < a->S1; p++) {
-      if (failed) continue;
-      float *o = a->out + p * H * D, *lse = a->lse + p * H, *lc = mc + H;
+      float *o = a->out + p * H * D, *lse = a->lse + p * H;
       if (a->win_len[p] == 0) {
         for (int h = 0; h < H; h++) lse[h] = 0;
         if (a->teacher && a->cmp_ids) memset(a->teacher + p * a->n_cmp_ids, 0, sizeof(float) * a->n_cmp_ids);
@@ -133,7 +169,7 @@ dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, c
         dsv4_gemm_nt(H, nc, D, a->scale, a->q + p * H * D, D, Kc, D, 0.0f, sc.S, nc);
         for (int h = 0; h < H; h++) mc[h] = dsv4_max(sc.S + (int64_t)h * nc, nc);
       }
-      if (a->teacher && a->cmp_ids) write_teacher(a, p, sc.S, nc, mc + 2 * H, mc + 2 * H + ncmax + 1);
+      if (a->teacher && a->cmp_ids) write_teacher(a, p, sc.S, nc, sc.t, sc.e);
       for (int h = 0; h < H; h++) {
         const float mw = m_w[p * H + h];
         float m = mw > a->sink[h] ? mw : a->sink[h];
@@ -155,13 +191,9 @@ dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, c
         for (int e = 0; e < D; e++) o[(int64_t)h * D + e] *= inv;
       }
     }
-    free(sc.S);
-    free(sc.Kc);
-    free(sc.rows);
-    free(mc);
   }
-  DSV4_CHECK(!failed, DSV4_ERR_NOMEM, "sparse_attn: out of memory for scratch");
 fail:
+  dsv4_ws_free(&ws);
   return rc;
 }
 
@@ -205,6 +237,7 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
   dsv4_status rc = DSV4_OK;
   const dsv4_attn_args *a = &b->fwd;
   float *priv = NULL;
+  dsv4_workspace ws = {0};
   DSV4_TRY(dsv4_attn_bwd_check(b));
   const int H = a->H, D = a->D;
   const int64_t ncmax = dsv4_attn_max_cmp(a), nmax = (max_win(a) > ncmax ? max_win(a) : ncmax) + 1;
@@ -213,23 +246,18 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
   /* Threads other than 0 accumulate key gradients privately; summed in thread order at the end. */
   const int64_t priv_n = a->R * D + C * D + H;
   DSV4_ALLOC(priv, (nt - 1) * priv_n + 1);
-  int failed = 0;
-#pragma omp parallel num_threads(nt)
+  bwd_scratch sc;
+  DSV4_TRY(dsv4_ws_alloc(&ws, bwd_carve(NULL, a, nmax, ncmax, &sc), nt, "sparse_attn backward"));
+#pragma omp parallel num_threads(nt) private(sc)
   {
     const int tid = dsv4_thread_id();
     float *d_ori = tid ? priv + (tid - 1) * priv_n : b->d_ori_kv;
     float *d_cmp = tid ? d_ori + a->R * D : b->d_cmp_kv;
     float *d_sink = tid ? d_ori + a->R * D + C * D : b->d_sink;
-    float *S = malloc(sizeof(float) * (size_t)(2 * H * nmax + 2 * ncmax * D + 2 * H * D + 2 * H + 1));
-    int32_t *rows = malloc(sizeof(int32_t) * (size_t)(ncmax + 1));
-    if (!S || !rows) {
-#pragma omp atomic write
-      failed = 1;
-    }
+    bwd_carve(dsv4_ws_thread(&ws), a, nmax, ncmax, &sc);
+    float *Kc = sc.Kc, *dKc = sc.dKc, *QO = sc.QO, *delta = sc.delta;
 #pragma omp for schedule(static, 8) /* fixed assignment: per-thread gradient sums are reproducible */
     for (int64_t p = 0; p < a->S1; p++) {
-      if (failed) continue;
-      float *Kc = S + 2 * H * nmax, *dKc = Kc + ncmax * D, *QO = dKc + ncmax * D, *delta = QO + 2 * H * D;
       const float *q = a->q + p * H * D, *dO = b->dout + p * H * D, *O = b->out + p * H * D;
       const float *lse = b->lse + p * H;
       float *dq = b->dq + p * H * D;
@@ -245,26 +273,23 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
       }
       memcpy(QO, q, sizeof(float) * H * D);
       memcpy(QO + H * D, dO, sizeof(float) * H * D);
-      const int64_t ws = a->win_start[p];
-      bwd_block(a, QO, lse, delta, a->ori_kv + ws * D, nw, S, dq, 1, d_ori + ws * D, 1.0f);
+      const int64_t ws0 = a->win_start[p];
+      bwd_block(a, QO, lse, delta, a->ori_kv + ws0 * D, nw, sc.SP, dq, 1, d_ori + ws0 * D, 1.0f);
       int nc;
-      const float *K = cmp_keys(a, p, rows, Kc, &nc);
+      const float *K = cmp_keys(a, p, sc.rows, Kc, &nc);
       if (nc == 0) continue;
       if (a->cmp_ids) {
-        bwd_block(a, QO, lse, delta, K, nc, S, dq, 0, dKc, 0.0f);
+        bwd_block(a, QO, lse, delta, K, nc, sc.SP, dq, 0, dKc, 0.0f);
         for (int j = 0; j < nc; j++) {
-          float *dst = d_cmp + (int64_t)rows[j] * D;
+          float *dst = d_cmp + (int64_t)sc.rows[j] * D;
           const float *src = dKc + (int64_t)j * D;
           for (int e = 0; e < D; e++) dst[e] += src[e];
         }
       } else {
-        bwd_block(a, QO, lse, delta, K, nc, S, dq, 0, d_cmp + (int64_t)rows[0] * D, 1.0f);
+        bwd_block(a, QO, lse, delta, K, nc, sc.SP, dq, 0, d_cmp + (int64_t)sc.rows[0] * D, 1.0f);
       }
     }
-    free(S);
-    free(rows);
   }
-  DSV4_CHECK(!failed, DSV4_ERR_NOMEM, "sparse_attn backward: out of memory for scratch");
   for (int t = 1; t < nt; t++) {
     const float *p = priv + (t - 1) * priv_n;
     for (int64_t i = 0; i < a->R * D; i++) b->d_ori_kv[i] += p[i];
@@ -272,6 +297,7 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
     for (int h = 0; h < H; h++) b->d_sink[h] += p[a->R * D + C * D + h];
   }
 fail:
+  dsv4_ws_free(&ws);
   free(priv);
   return rc;
 }

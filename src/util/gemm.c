@@ -1,5 +1,6 @@
 /* gemm.c: CBLAS wrappers, reference loops, and the globally aligned projection panels. */
 #include "gemm.h"
+#include "util/workspace.h"
 
 #include <cblas.h>
 #include <string.h>
@@ -81,11 +82,20 @@ static void proj_panel(float *Y, int64_t ldy, const float *X, int64_t ldx, const
   for (int64_t r = i; r < j; r++) memcpy(Y + r * ldy, ys + (glob[r] - base) * N, sizeof(float) * (size_t)N);
 }
 
+/* Per-thread scratch of a partial panel: P rows of X (zero-padded) and of Y. */
+static size_t panel_carve(char *base, int64_t P, int64_t N, int64_t K, float **xs, float **ys) {
+  dsv4_carver c = {base, 0};
+  *xs = dsv4_carve(&c, sizeof(float) * (size_t)(P * K));
+  *ys = dsv4_carve(&c, sizeof(float) * (size_t)(P * N));
+  return c.used;
+}
+
 dsv4_status dsv4_proj_rows(float *Y, int64_t ldy, const float *X, int64_t ldx, const float *W,
                            int64_t n, int64_t N, int64_t K, const int64_t *glob, int64_t P,
                            dsv4_impl impl) {
   dsv4_status rc = DSV4_OK;
   int64_t *start = NULL;
+  dsv4_workspace ws = {0};
   if (impl == DSV4_IMPL_NAIVE) {
     dsv4_gemm_nt_ref(n, N, K, 1.0f, X, ldx, W, K, 0.0f, Y, ldy);
     return DSV4_OK;
@@ -99,28 +109,22 @@ dsv4_status dsv4_proj_rows(float *Y, int64_t ldy, const float *X, int64_t ldx, c
   /* One single-threaded BLAS call per panel, panels spread over the threads: a row's bits then
    * depend neither on its position nor on the thread count (OpenBLAS's own threading splits a call
    * into thread-count-dependent sub-blocks). */
-  int failed = 0;
-#pragma omp parallel
+  /* partial panels (a run shorter than P) go through a zero-padded copy of P rows */
+  const int nt = dsv4_nthreads();
+  int partial = 0;
+  for (int64_t r = 0; r < runs; r++) partial |= start[r + 1] - start[r] < P;
+  float *xs = NULL, *ys = NULL;
+  DSV4_TRY(dsv4_ws_alloc(&ws, partial ? panel_carve(NULL, P, N, K, &xs, &ys) : 0, nt, "projection"));
+#pragma omp parallel num_threads(nt) private(xs, ys)
   {
-    float *xs = NULL, *ys = NULL;
+    xs = ys = NULL;
+    if (partial) panel_carve(dsv4_ws_thread(&ws), P, N, K, &xs, &ys);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t r = 0; r < runs; r++) {
-      if (start[r + 1] - start[r] < P && !xs) {
-        xs = malloc(sizeof(float) * (size_t)(P * K));
-        ys = malloc(sizeof(float) * (size_t)(P * N));
-      }
-      if (start[r + 1] - start[r] < P && (!xs || !ys)) {
-#pragma omp atomic write
-        failed = 1;
-        continue;
-      }
+    for (int64_t r = 0; r < runs; r++)
       proj_panel(Y, ldy, X, ldx, W, N, K, glob, P, start[r], start[r + 1], xs, ys);
-    }
-    free(xs);
-    free(ys);
   }
-  DSV4_CHECK(!failed, DSV4_ERR_NOMEM, "projection: out of memory for a partial panel");
 fail:
+  dsv4_ws_free(&ws);
   free(start);
   return rc;
 }

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cp/layout.h"
+#include "ops/placement.h"
 #include "cp/plan.h"
 #include "cp/shard.h"
 #include "testutil.h"
@@ -25,11 +25,12 @@ static void shards(void) {
       {"zigzag T=16 N=2 rank 0 holds chunks 0 and 3", {NULL, NULL, 0, 16, 0}, DSV4_SPLIT_ZIGZAG, 0, 2, {0, 12}, {4, 4}},
       {"zigzag T=16 N=2 rank 1 holds chunks 1 and 2", {NULL, NULL, 0, 16, 0}, DSV4_SPLIT_ZIGZAG, 1, 2, {4, 8}, {4, 4}},
       {"batched B=2 S=8 N=2 rank 1: S/N of every sequence", {cu2, NULL, 2, 16, 1}, DSV4_SPLIT_CONTIGUOUS, 1, 2, {4, 12}, {4, 4}},
+      {"contiguous T=6 N=2 rank 1: any length, no alignment", {NULL, NULL, 0, 6, 0}, DSV4_SPLIT_CONTIGUOUS, 1, 1, {3}, {3}},
   };
   for (size_t i = 0; i < sizeof ex / sizeof ex[0]; i++) {
     dsv4_range *s = NULL;
     int n = 0;
-    dsv4_status st = dsv4_shard_segments(&ex[i].pk, ex[i].split, ex[i].rank, 2, 0, &s, &n);
+    dsv4_status st = dsv4_shard_segments(&ex[i].pk, ex[i].split, ex[i].rank, 2, &s, &n);
     int ok = st == DSV4_OK && n == ex[i].n;
     for (int k = 0; ok && k < n; k++) ok = s[k].g0 == ex[i].g0[k] && s[k].len == ex[i].len[k];
     tu_check(ok, "shard: %s", ex[i].what);
@@ -38,22 +39,33 @@ static void shards(void) {
   dsv4_packing pk = {NULL, NULL, 0, 18, 0};
   dsv4_range *s = NULL;
   int n = 0;
-  dsv4_status st = dsv4_shard_segments(&pk, DSV4_SPLIT_CONTIGUOUS, 0, 4, 0, &s, &n);
-  tu_check(st == DSV4_ERR_ARG && strstr(dsv4_last_error(), "not divisible by 4"),
-           "shard: T = 18 over 4 ranks is refused (%s)", dsv4_last_error());
-  pk.T = 24;
-  st = dsv4_shard_segments(&pk, DSV4_SPLIT_CONTIGUOUS, 0, 4, 4, &s, &n);
-  tu_check(st == DSV4_ERR_ARG && strstr(dsv4_last_error(), "multiple of the layer's compress ratio 4"),
-           "shard: L = 6 with r = 4 is refused (%s)", dsv4_last_error());
+  dsv4_status st = dsv4_shard_segments(&pk, DSV4_SPLIT_CONTIGUOUS, 0, 4, &s, &n);
+  tu_check(st == DSV4_ERR_ARG && strstr(dsv4_last_error(), "multiple of 4") && strstr(dsv4_last_error(), "pad to 20"),
+           "shard: T = 18 over 4 ranks is refused, naming the multiple (%s)", dsv4_last_error());
+  pk.T = 12;
+  st = dsv4_shard_segments(&pk, DSV4_SPLIT_ZIGZAG, 0, 4, &s, &n);
+  tu_check(st == DSV4_ERR_ARG && strstr(dsv4_last_error(), "multiple of 8") && strstr(dsv4_last_error(), "zigzag"),
+           "shard: zigzag T = 12 over 4 ranks needs a multiple of 8 (%s)", dsv4_last_error());
+  pk.T = 24; /* L = 6 with r = 4 or 128: accepted now, windows may straddle ranks */
+  st = dsv4_shard_segments(&pk, DSV4_SPLIT_CONTIGUOUS, 3, 4, &s, &n);
+  tu_check(st == DSV4_OK && n == 1 && s[0].g0 == 18 && s[0].len == 6, "shard: T = 24 over 4 ranks, L = 6");
+  free(s);
 }
 
-/* Every rank's layout of a packing (caller frees with free_all). */
+/* Every rank's layout of a packing (caller frees with free_all); NULL when the packing is refused. */
 static dsv4_layout *layouts(const int32_t *cu, const int32_t *real, int n_docs, int T, int r, int N, int W,
                             dsv4_split split, dsv4_docs *docs) {
   dsv4_packing pk = {cu, real, n_docs, T, 0};
+  if (!tu_ok(dsv4_docs_build(docs, &pk, r), "packing accepted")) return NULL;
   dsv4_layout *lays = calloc((size_t)N, sizeof *lays);
-  if (dsv4_docs_build(docs, &pk, r) != DSV4_OK) return lays;
-  for (int q = 0; q < N; q++) cp_layout(docs, &pk, split, q, N, W, 1, &lays[q]);
+  int ok = lays != NULL;
+  for (int q = 0; ok && q < N; q++) ok = cp_layout(docs, &pk, split, q, N, W, 1, &lays[q]) == DSV4_OK;
+  if (!tu_check(ok, "layouts of %d ranks built", N)) {
+    for (int q = 0; lays && q < N; q++) dsv4_layout_free(&lays[q]);
+    free(lays);
+    dsv4_docs_free(docs);
+    return NULL;
+  }
   return lays;
 }
 
@@ -63,92 +75,196 @@ static void free_all(dsv4_layout *lays, int N, dsv4_docs *docs) {
   dsv4_docs_free(docs);
 }
 
+/* Checks every rank's window halo, compressor halo (all rows / every-channel rows) and owned slots. */
+static void expect_halos(const char *what, const dsv4_layout *l, int N, const int64_t *win, const int64_t *ch,
+                         const int64_t *cf, const int64_t *own) {
+  for (int q = 0; q < N; q++) {
+    const dsv4_seg *g = &l[q].seg[0];
+    tu_check(l[q].n_seg == 1 && g->win_halo == win[q] && g->c_halo == ch[q] && g->c_full == cf[q] && g->n_own == own[q],
+             "%s rank %d: window halo %lld (want %lld), compressor halo %lld / every-channel %lld (want %lld / %lld), "
+             "owns %lld slots (want %lld)", what, q, (long long)g->win_halo, (long long)win[q], (long long)g->c_halo,
+             (long long)g->c_full, (long long)ch[q], (long long)cf[q], (long long)g->n_own, (long long)own[q]);
+  }
+}
+
 static void halos(void) {
-  /* docs [0,12) all real and [12,32) with 18 real; W = 8, r = 4, N = 4 (L = 8) */
-  const int32_t cu[3] = {0, 12, 32}, real[2] = {12, 18};
   dsv4_docs docs;
+  /* docs [0,12) all real and [12,32) with 18 real; W = 8, r = 4, N = 4 (L = 8). Slot ends 3 7 11 | 15 19
+   * 23 27. Ranks 1-3 start on a slot's own window and need its previous window (4 first-half rows). */
+  const int32_t cu[3] = {0, 12, 32}, real[2] = {12, 18};
   dsv4_layout *l = layouts(cu, real, 2, 32, 4, 4, 8, DSV4_SPLIT_CONTIGUOUS, &docs);
-  const int64_t want_win[4] = {0, 7, 4, 7}; /* min(doc-local t0, W - 1) */
-  const int want_cmp[4] = {0, 1, 1, 1};      /* first block is slot j > 0 of a document */
-  for (int q = 0; q < 4; q++)
-    tu_check(l[q].n_seg == 1 && l[q].seg[0].win_halo == want_win[q] && l[q].seg[0].cmp_halo == want_cmp[q],
-             "halo sizes rank %d: window %lld (want %lld), compressor %d (want %d)", q,
-             (long long)l[q].seg[0].win_halo, (long long)want_win[q], l[q].seg[0].cmp_halo, want_cmp[q]);
-  free_all(l, 4, &docs);
+  if (l) {
+    const int64_t win[4] = {0, 7, 4, 7}, ch[4] = {0, 4, 4, 4}, cf[4] = {0}, own[4] = {2, 2, 2, 1};
+    expect_halos("aligned r=4 N=4", l, 4, win, ch, cf, own);
+    free_all(l, 4, &docs);
+  }
   /* a shard that starts in padding: doc 0 is [0,24) with 14 real; rank 1 starts at 16 */
   const int32_t cu2[3] = {0, 24, 32}, real2[2] = {14, 8};
-  l = layouts(cu2, real2, 2, 32, 4, 2, 8, DSV4_SPLIT_CONTIGUOUS, &docs);
-  tu_check(l[1].seg[0].win_halo == 0 && l[1].seg[0].cmp_halo == 0,
-           "halo sizes: a shard starting in padding needs no halo (window %lld, compressor %d)",
-           (long long)l[1].seg[0].win_halo, l[1].seg[0].cmp_halo);
-  free_all(l, 2, &docs);
+  if ((l = layouts(cu2, real2, 2, 32, 4, 2, 8, DSV4_SPLIT_CONTIGUOUS, &docs))) {
+    const int64_t win[2] = {0, 0}, ch[2] = {0, 0}, cf[2] = {0, 0}, own[2] = {3, 2};
+    expect_halos("shard starting in padding", l, 2, win, ch, cf, own);
+    free_all(l, 2, &docs);
+  }
+  /* r = 4, one document of 16, N = 8 (L = 2 < r), W = 4 (model/layout.c): slots end on ranks 1, 3, 5,
+   * 7; rank 3's slot 1 reads [0, 8): a halo of 6 rows over three ranks, 2 of them every-channel */
+  const int32_t cu3[2] = {0, 16};
+  if ((l = layouts(cu3, NULL, 1, 16, 4, 8, 4, DSV4_SPLIT_CONTIGUOUS, &docs))) {
+    const int64_t win[8] = {0, 2, 3, 3, 3, 3, 3, 3}, ch[8] = {0, 2, 0, 6, 0, 6, 0, 6}, cf[8] = {0, 2, 0, 2, 0, 2, 0, 2},
+                  own[8] = {0, 1, 0, 1, 0, 1, 0, 1};
+    expect_halos("r=4 shards of 2 rows", l, 8, win, ch, cf, own);
+    tu_check(l[0].n_blk == 1 && l[0].n_blk_all == 8, "r=4 shards of 2 rows: slot buffer of ceil(2/4) = 1 row per rank");
+    free_all(l, 8, &docs);
+  }
+  /* r = 128 with 65-row shards: one document of 260, N = 4; slot 0 [0,128) ends on rank 1 (halo: all
+   * 65 rows of rank 0), slot 1 [128, 256) ends on rank 3 (halo [128, 195): 2 rows of rank 1, 65 of rank 2) */
+  const int32_t cu4[2] = {0, 260};
+  if ((l = layouts(cu4, NULL, 1, 260, 128, 4, 8, DSV4_SPLIT_CONTIGUOUS, &docs))) {
+    const int64_t win[4] = {0, 7, 7, 7}, ch[4] = {0, 65, 0, 67}, cf[4] = {0, 65, 0, 67}, own[4] = {0, 1, 0, 1};
+    expect_halos("r=128 shards of 65 rows", l, 4, win, ch, cf, own);
+    free_all(l, 4, &docs);
+  }
 }
 
 static void gather_index(void) {
-  /* docs [0,12) and [12,32) (18 real), r = 4: 3 + 4 slots; blocks of 4 tokens */
-  const int32_t cu[3] = {0, 12, 32}, real[2] = {12, 18};
   dsv4_docs docs;
+  /* docs [0,12) and [12,32) (18 real), r = 4: 3 + 4 slots, ends 3 7 11 | 15 19 23 27 */
+  const int32_t cu[3] = {0, 12, 32}, real[2] = {12, 18};
   dsv4_layout *l = layouts(cu, real, 2, 32, 4, 2, 8, DSV4_SPLIT_CONTIGUOUS, &docs);
-  const int32_t want[7] = {0, 1, 2, 3, 4, 5, 6};
-  tu_check(docs.n_cmp == 7 && l[0].n_blk == 4 && same_i32(l[0].gather, want, 7),
-           "gather index, contiguous N=2: slots in rank order are blocks 0..6");
-  free_all(l, 2, &docs);
-  /* zigzag: rank 0 holds blocks 0,1 and 6,7 (rows 0..3), rank 1 blocks 2,3,4,5 (rows 4..7) */
-  l = layouts(cu, real, 2, 32, 4, 2, 8, DSV4_SPLIT_ZIGZAG, &docs);
-  const int32_t wantz[7] = {0, 1, 4, 5, 6, 7, 2};
-  tu_check(same_i32(l[0].gather, wantz, 7), "gather index, zigzag N=2: [0 1 4 5 6 7 2] (got [%d %d %d %d %d %d %d])",
-           l[0].gather[0], l[0].gather[1], l[0].gather[2], l[0].gather[3], l[0].gather[4], l[0].gather[5],
-           l[0].gather[6]);
-  free_all(l, 2, &docs);
-  /* a padding block is dropped: doc [0,16) with 10 real has slots 0, 1 only */
-  const int32_t cu3[2] = {0, 16}, real3[1] = {10};
-  l = layouts(cu3, real3, 1, 16, 4, 2, 8, DSV4_SPLIT_CONTIGUOUS, &docs);
-  const int32_t want3[2] = {0, 1};
-  tu_check(docs.n_cmp == 2 && same_i32(l[0].gather, want3, 2), "gather index drops blocks in padding");
-  free_all(l, 2, &docs);
+  if (l) {
+    const int32_t want[7] = {0, 1, 2, 3, 4, 5, 6};
+    tu_check(docs.n_cmp == 7 && l[0].n_blk == 4 && same_i32(l[0].gather, want, 7),
+             "gather index, contiguous N=2: slots in rank order are rows 0..6");
+    free_all(l, 2, &docs);
+  }
+  /* zigzag: rank 0 holds [0,8) (ids 0, 1 -> rows 0, 1) and [24,32) (id 6 -> row 2); rank 1 holds
+   * [8,16) (ids 2, 3 -> rows 4, 5) and [16,24) (ids 4, 5 -> rows 6, 7) */
+  if ((l = layouts(cu, real, 2, 32, 4, 2, 8, DSV4_SPLIT_ZIGZAG, &docs))) {
+    const int32_t wantz[7] = {0, 1, 4, 5, 6, 7, 2};
+    tu_check(same_i32(l[0].gather, wantz, 7), "gather index, zigzag N=2: [0 1 4 5 6 7 2] (got [%d %d %d %d %d %d %d])",
+             l[0].gather[0], l[0].gather[1], l[0].gather[2], l[0].gather[3], l[0].gather[4], l[0].gather[5],
+             l[0].gather[6]);
+    free_all(l, 2, &docs);
+  }
+  /* unpadded: docs [0,6) and [6,18) with 11 real, r = 4, N = 3 (L = 6, slot buffer of 2 rows per rank):
+   * ends 3 | 9 13 -> owners ranks 0, 1, 2 -> rows 0, 2, 4 */
+  const int32_t cu5[3] = {0, 6, 18}, real5[2] = {6, 11};
+  if ((l = layouts(cu5, real5, 2, 18, 4, 3, 8, DSV4_SPLIT_CONTIGUOUS, &docs))) {
+    const int32_t want5[3] = {0, 2, 4};
+    tu_check(docs.n_cmp == 3 && l[0].n_blk == 2 && same_i32(l[0].gather, want5, 3),
+             "gather index, unpadded documents N=3: [0 2 4] (got [%d %d %d])", l[0].gather[0], l[0].gather[1],
+             l[0].gather[2]);
+    free_all(l, 3, &docs);
+  }
+  /* r = 128, 65-row shards (halos above): slots on ranks 1 and 3, one buffer row each -> [1 3] */
+  const int32_t cu4[2] = {0, 260};
+  if ((l = layouts(cu4, NULL, 1, 260, 128, 4, 8, DSV4_SPLIT_CONTIGUOUS, &docs))) {
+    const int32_t want4[2] = {1, 3};
+    tu_check(docs.n_cmp == 2 && same_i32(l[0].gather, want4, 2), "gather index, r=128 65-row shards: [1 3]");
+    free_all(l, 4, &docs);
+  }
 }
 
 static int msg_is(const cp_msg *m, int peer, const int32_t *rows, int n) {
   return m->peer == peer && m->n == n && same_i32(m->rows, rows, n);
 }
 
+/* Plans of one kind for ranks me[0..n) (caller frees). */
+static int plans_of(const dsv4_layout *l, int N, cp_halo kind, cp_plan *p, const int *me, int n) {
+  int ok = 1;
+  for (int i = 0; i < n; i++) ok &= tu_ok(cp_plan_halo(l, N, me[i], kind, &p[i]), "halo plan built");
+  return ok;
+}
+
 static void plans(void) {
+  dsv4_docs docs;
   /* one document of 16, W = 8 (halo 7 > L = 4), r = 0, N = 4 */
   const int32_t cu[2] = {0, 16};
-  dsv4_docs docs;
   dsv4_layout *l = layouts(cu, NULL, 1, 16, 0, 4, 8, DSV4_SPLIT_CONTIGUOUS, &docs);
-  cp_plan p0, p2;
-  cp_plan_window(l, 4, 0, &p0);
-  cp_plan_window(l, 4, 2, &p2);
-  const int32_t s01[4] = {0, 1, 2, 3}, s02[3] = {1, 2, 3}, r20[3] = {0, 1, 2}, r21[4] = {3, 4, 5, 6};
-  tu_check(p0.n_send == 2 && p0.n_recv == 0 && msg_is(&p0.send[0], 1, s01, 4) && msg_is(&p0.send[1], 2, s02, 3),
-           "window plan rank 0: rows 0-3 to rank 1, rows 1-3 to rank 2 (W - 1 = 7 > L = 4)");
-  tu_check(p2.n_recv == 2 && msg_is(&p2.recv[0], 0, r20, 3) && msg_is(&p2.recv[1], 1, r21, 4),
-           "window plan rank 2: 3 halo rows from rank 0, 4 from rank 1");
-  cp_plan_free(&p0);
-  cp_plan_free(&p2);
-  free_all(l, 4, &docs);
-  /* r = 4, one document of 16, N = 2: rank 1's first slot (j = 2) needs rank 0's block [4, 8) */
-  l = layouts(cu, NULL, 1, 16, 4, 2, 8, DSV4_SPLIT_CONTIGUOUS, &docs);
-  cp_plan c0, c1;
-  cp_plan_compressor(l, 2, 0, &c0);
-  cp_plan_compressor(l, 2, 1, &c1);
-  const int32_t src[4] = {8, 9, 10, 11}, dst[4] = {0, 1, 2, 3};
-  tu_check(c0.n_send == 1 && msg_is(&c0.send[0], 1, src, 4) && c1.n_recv == 1 && msg_is(&c1.recv[0], 0, dst, 4),
-           "compressor plan: rank 0 sends rows 8-11 of its buffer, rank 1 receives them into its halo rows 0-3");
-  cp_plan_free(&c0);
-  cp_plan_free(&c1);
-  free_all(l, 2, &docs);
+  cp_plan p[3] = {{0}};
+  const int r02[2] = {0, 2};
+  if (l && plans_of(l, 4, CP_HALO_WINDOW, p, r02, 2)) {
+    const int32_t s01[4] = {0, 1, 2, 3}, s02[3] = {1, 2, 3}, r20[3] = {0, 1, 2}, r21[4] = {3, 4, 5, 6};
+    tu_check(p[0].n_send == 2 && p[0].n_recv == 0 && msg_is(&p[0].send[0], 1, s01, 4) && msg_is(&p[0].send[1], 2, s02, 3),
+             "window plan rank 0: rows 0-3 to rank 1, rows 1-3 to rank 2 (W - 1 = 7 > L = 4)");
+    tu_check(p[1].n_recv == 2 && msg_is(&p[1].recv[0], 0, r20, 3) && msg_is(&p[1].recv[1], 1, r21, 4),
+             "window plan rank 2: 3 halo rows from rank 0, 4 from rank 1");
+  }
+  for (int i = 0; i < 3; i++) cp_plan_free(&p[i]);
+  if (l) free_all(l, 4, &docs);
+  /* r = 4, one document of 16, N = 2: rank 1's first slot (j = 2, window [8,12)) reads the previous
+   * window [4,8): rank 0 sends its own rows 4-7 (first-half channels), rank 1 receives them into its
+   * halo rows 0-3; nothing needs every channel */
+  const int r01[2] = {0, 1};
+  if ((l = layouts(cu, NULL, 1, 16, 4, 2, 8, DSV4_SPLIT_CONTIGUOUS, &docs))) {
+    cp_plan f[2] = {{0}};
+    if (plans_of(l, 2, CP_HALO_CMP_HALF, p, r01, 2) && plans_of(l, 2, CP_HALO_CMP_FULL, f, r01, 2)) {
+      const int32_t src[4] = {4, 5, 6, 7}, dst[4] = {0, 1, 2, 3};
+      tu_check(p[0].n_send == 1 && msg_is(&p[0].send[0], 1, src, 4) && p[1].n_recv == 1 && msg_is(&p[1].recv[0], 0, dst, 4),
+               "compressor plan: rank 0 sends rows 4-7 (first half), rank 1 receives them into halo rows 0-3");
+      tu_check(f[0].n_send == 0 && f[1].n_recv == 0, "compressor plan: no every-channel rows when slots align");
+    }
+    for (int i = 0; i < 2; i++) cp_plan_free(&p[i]), cp_plan_free(&f[i]);
+    free_all(l, 2, &docs);
+  }
+  /* unpadded: docs [0,6) and [6,18) (11 real), r = 4, N = 3: rank 2 [12,18) owns slot (doc 1, j = 1)
+   * with window [10,14) and previous window [6,10): rank 1 sends tokens 6-9 (its rows 0-3, first
+   * half) and 10, 11 (rows 4, 5, every channel) */
+  const int32_t cu5[3] = {0, 6, 18}, real5[2] = {6, 11};
+  const int r12[2] = {1, 2};
+  if ((l = layouts(cu5, real5, 2, 18, 4, 3, 8, DSV4_SPLIT_CONTIGUOUS, &docs))) {
+    cp_plan f[2] = {{0}};
+    if (plans_of(l, 3, CP_HALO_CMP_HALF, p, r12, 2) && plans_of(l, 3, CP_HALO_CMP_FULL, f, r12, 2)) {
+      const int32_t h_src[4] = {0, 1, 2, 3}, h_dst[4] = {0, 1, 2, 3}, f_src[2] = {4, 5}, f_dst[2] = {4, 5};
+      tu_check(p[0].n_send == 1 && msg_is(&p[0].send[0], 2, h_src, 4) && msg_is(&p[1].recv[0], 1, h_dst, 4) &&
+                   f[0].n_send == 1 && msg_is(&f[0].send[0], 2, f_src, 2) && msg_is(&f[1].recv[0], 1, f_dst, 2),
+               "compressor plan, window straddling a rank: 4 first-half rows and 2 every-channel rows from rank 1");
+    }
+    for (int i = 0; i < 2; i++) cp_plan_free(&p[i]), cp_plan_free(&f[i]);
+    free_all(l, 3, &docs);
+  }
+  /* r = 4, one document of 16, N = 8, L = 2 (model/layout.c): rank 3's slot 1 reads [0, 8): first
+   * halves of tokens 0, 1 from rank 0 and 2, 3 from rank 1 (rank 1's own rows start after its own
+   * 2-row halo: rows 2, 3), every channel of 4, 5 from rank 2 */
+  const int r3[1] = {3};
+  if ((l = layouts(cu, NULL, 1, 16, 4, 8, 4, DSV4_SPLIT_CONTIGUOUS, &docs))) {
+    cp_plan f[1] = {{0}};
+    if (plans_of(l, 8, CP_HALO_CMP_HALF, p, r3, 1) && plans_of(l, 8, CP_HALO_CMP_FULL, f, r3, 1)) {
+      const int32_t d0[2] = {0, 1}, d1[2] = {2, 3}, d2[2] = {4, 5};
+      tu_check(p[0].n_recv == 2 && msg_is(&p[0].recv[0], 0, d0, 2) && msg_is(&p[0].recv[1], 1, d1, 2) &&
+                   f[0].n_recv == 1 && msg_is(&f[0].recv[0], 2, d2, 2),
+               "compressor plan, a window over three ranks: halves from ranks 0 and 1, every channel from rank 2");
+    }
+    cp_plan_free(&p[0]);
+    cp_plan_free(&f[0]);
+    free_all(l, 8, &docs);
+  }
   /* zigzag N=2 over one document of 16 (W = 8): rank 1 holds [4,8) and [8,12): the second chunk's
    * halo [1,8) is partly its own rows (no message) */
-  l = layouts(cu, NULL, 1, 16, 0, 2, 8, DSV4_SPLIT_ZIGZAG, &docs);
-  cp_plan z1;
-  cp_plan_window(l, 2, 1, &z1);
-  tu_check(z1.n_self == 4 && z1.n_recv == 1 && z1.recv[0].peer == 0 && z1.recv[0].n == 3 + 4,
-           "zigzag plan rank 1: 4 halo rows from itself, 7 from rank 0 (got self %lld, recv %lld)",
-           (long long)z1.n_self, z1.n_recv ? (long long)z1.recv[0].n : -1LL);
-  cp_plan_free(&z1);
-  free_all(l, 2, &docs);
+  const int r1[1] = {1};
+  if ((l = layouts(cu, NULL, 1, 16, 0, 2, 8, DSV4_SPLIT_ZIGZAG, &docs))) {
+    if (plans_of(l, 2, CP_HALO_WINDOW, p, r1, 1))
+      tu_check(p[0].n_self == 4 && p[0].n_recv == 1 && p[0].recv[0].peer == 0 && p[0].recv[0].n == 3 + 4,
+               "zigzag plan rank 1: 4 halo rows from itself, 7 from rank 0 (got self %lld, recv %lld)",
+               (long long)p[0].n_self, p[0].n_recv ? (long long)p[0].recv[0].n : -1LL);
+    cp_plan_free(&p[0]);
+    free_all(l, 2, &docs);
+  }
+}
+
+/* The slot count of any token range is a difference of slots_before (model/docs.h example). */
+static void slot_ids(void) {
+  const int32_t cu[3] = {0, 10, 17}, real[2] = {10, 6};
+  dsv4_packing pk = {cu, real, 2, 17, 0};
+  dsv4_docs d;
+  if (!tu_ok(dsv4_docs_build(&d, &pk, 4), "packing of 10 + 7 (6 real) tokens accepted")) return;
+  const int64_t g[6] = {0, 4, 8, 13, 14, 17}, want[6] = {0, 1, 2, 2, 3, 3};
+  int ok = d.n_cmp == 3;
+  for (int i = 0; i < 6; i++) ok &= dsv4_docs_slots_before(&d, g[i]) == want[i];
+  int doc;
+  int64_t j;
+  dsv4_docs_slot(&d, 2, &doc, &j);
+  tu_check(ok && doc == 1 && j == 0, "slot ids: ends 3, 7 | 13; slots_before(0 4 8 13 14 17) = 0 1 2 2 3 3");
+  dsv4_docs_free(&d);
 }
 
 static void layout_rules(void) {
@@ -192,6 +308,7 @@ int main(void) {
   halos();
   gather_index();
   plans();
+  slot_ids();
   layout_rules();
   return tu_finish();
 }

@@ -27,7 +27,7 @@ typedef struct {
 
 static int setup(fixture *f, int layer, int batched) {
   memset(f, 0, sizeof *f);
-  dsv4_config_preset(&f->cfg, "tiny");
+  if (!tu_ok(dsv4_config_preset(&f->cfg, "tiny"), "tiny preset")) return 0;
   const int64_t d = f->cfg.dim;
   const int large = f->cfg.compress_ratios[layer] == 128;
   f->T = large ? 384 : 64;
@@ -36,6 +36,7 @@ static int setup(fixture *f, int layer, int batched) {
   f->out = malloc(sizeof(float) * f->T * d);
   f->dx = malloc(sizeof(float) * f->T * d);
   f->topk = malloc(sizeof(int32_t) * f->T * f->cfg.index_topk);
+  if (!tu_check(f->x && f->dout && f->out && f->dx && f->topk, "fixture buffers allocated")) return 0;
   tu_fill(f->x, f->T * d, 11, 1.0f);
   tu_fill(f->dout, f->T * d, 12, 1.0f);
   if (batched)
@@ -81,8 +82,8 @@ static void fast_vs_naive(int layer, int batched) {
     tu_close("layer fast vs naive: dx", a.dx, b.dx, a.T * a.cfg.dim, 1e-3, 1e-6);
     for (int i = 0; i < dsv4_weights_count(a.g); i++) {
       dsv4_tensor ta, tb;
-      dsv4_weights_get(a.g, i, &ta);
-      dsv4_weights_get(b.g, i, &tb);
+      tu_ok(dsv4_weights_get(a.g, i, &ta), "weights_get");
+      tu_ok(dsv4_weights_get(b.g, i, &tb), "weights_get");
       char name[128];
       snprintf(name, sizeof name, "layer %d %s fast vs naive: grad %s", layer, kind, ta.name);
       tu_close(name, ta.data, tb.data, ta.numel, 1e-3, 1e-12);
@@ -117,7 +118,7 @@ static void finite_differences(int layer, const char *tensor, int n_probe) {
     int64_t n = strcmp(tensor, "x") ? 0 : f.T * f.cfg.dim;
     for (int i = 0; n == 0 && i < dsv4_weights_count(f.w); i++) {
       dsv4_tensor t;
-      dsv4_weights_get(f.w, i, &t);
+      tu_ok(dsv4_weights_get(f.w, i, &t), "weights_get");
       if (t.data == p) n = t.numel;
     }
     double gmax = 0;
@@ -147,7 +148,7 @@ static void call_order_and_map(void) {
   if (!setup(&f, 1, 0)) return;
   tu_check(dsv4_layer_backward(f.l, f.dx, f.g, f.dout, 1.0f) == DSV4_ERR_STATE, "layer backward before forward: %s",
            dsv4_last_error());
-  dsv4_layer_forward(f.l, f.out, f.topk, &f.loss, f.x, f.T, &f.pk, 0);
+  tu_ok(dsv4_layer_forward(f.l, f.out, f.topk, &f.loss, f.x, f.T, &f.pk, 0), "inference forward");
   tu_check(dsv4_layer_backward(f.l, f.dx, f.g, f.dout, 1.0f) == DSV4_ERR_STATE,
            "layer backward after an inference forward (train = 0) refused");
   tu_check(dsv4_layer_forward(f.l, f.out, f.topk, &f.loss, f.x, f.T - 4, &f.pk, 0) == DSV4_ERR_ARG &&
@@ -175,8 +176,8 @@ static void cp_self(int layer) {
                !memcmp(a.dx, b.dx, sizeof(float) * a.T * a.cfg.dim) && a.loss == b.loss;
     for (int i = 0; i < dsv4_weights_count(a.g); i++) {
       dsv4_tensor ta, tb;
-      dsv4_weights_get(a.g, i, &ta);
-      dsv4_weights_get(b.g, i, &tb);
+      tu_ok(dsv4_weights_get(a.g, i, &ta), "weights_get");
+      tu_ok(dsv4_weights_get(b.g, i, &tb), "weights_get");
       same &= !memcmp(ta.data, tb.data, sizeof(float) * (size_t)ta.numel);
     }
     tu_check(same, "layer %d: CP path on one rank equals the unpatched core bitwise (out, dx, loss, grads)", layer);

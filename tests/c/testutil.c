@@ -62,7 +62,7 @@ int tu_close(const char *name, const float *a, const float *b, int64_t n, double
 }
 
 int tu_ok(dsv4_status st, const char *what) {
-  if (st == DSV4_OK) return 1;
+  if (st == DSV4_OK) return tu_check(1, "%s", what);
   tu_fail("%s: %s (%s)", what, dsv4_status_string(st), dsv4_last_error());
   return 0;
 }

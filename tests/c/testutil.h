@@ -23,7 +23,7 @@ double tu_max_abs(const float *a, int64_t n);
 /* max|a - b| <= tol * max(max|b|, floor): the relative check used throughout (floor avoids
  * demanding exactness of tensors that are legitimately ~0). */
 int tu_close(const char *name, const float *a, const float *b, int64_t n, double tol, double floor);
-/* Checks a library status; on failure prints the library's last error. */
+/* Checks a library status: "PASS what", or "FAIL what: status (the library's last error)". */
 int tu_ok(dsv4_status st, const char *what);
 
 #endif

@@ -48,12 +48,17 @@ CASES = {
     "csa_xscale": "--ratio 4 --layer 2 --seed 22 --x-scale 8 --docs 32:32,24:22",
     "csa_single_bare": "--ratio 4 --layer 2 --seed 23 --no-cu --docs 40",
     "csa_wide": f"--ratio 4 --layer 2 --seed 24 {_WIDE} --topk 8 --docs 128:128,96:90,64:61",
+    # documents of any length (SPEC 4): every tail length 0..3, padded and unpadded mixed
+    "csa_unpadded": "--ratio 4 --layer 2 --seed 26 --topk 5 --docs 1,2,3,5,6:4,7,9,10:9,11,13",
+    "csa_batch_unaligned": "--ratio 4 --layer 2 --seed 27 --batch 2 --seq 22",
     # ---- r = 128: HCA (documents need >= 128 real tokens for a slot) ----
     "hca_packed": "--ratio 128 --layer 3 --seed 31 --docs 384:300,256:256,128:100",
     "hca_batch": "--ratio 128 --layer 3 --seed 32 --batch 2 --seq 256 --o-groups 1",
     "hca_f16": "--ratio 128 --layer 0 --seed 33 --weights-dtype f16 --docs 256:256,128:128",
     "hca_yarn_small": (f"--ratio 128 --layer 3 --seed 34 {_YARN_SMALL} --window 16 "
                        "--docs 384:384 --omit-seqlens-real"),
+    "hca_unpadded": "--ratio 128 --layer 3 --seed 35 --docs 130,200:150,127,300",
+    "hca_batch_unaligned": "--ratio 128 --layer 3 --seed 36 --batch 2 --seq 300",
 }
 
 

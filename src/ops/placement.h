@@ -1,7 +1,7 @@
-/* layout.h: the placements the core attention passes to the three operators (SPEC 5 table), and
+/* placement.h: the placements the core attention passes to the three operators (SPEC 5 table), and
  * the layout check the two-phase sparse attention runs before its phases. */
-#ifndef DSV4_LAYOUT_H
-#define DSV4_LAYOUT_H
+#ifndef DSV4_PLACEMENT_H
+#define DSV4_PLACEMENT_H
 
 #include "dsv4cp.h"
 

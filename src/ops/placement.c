@@ -1,4 +1,4 @@
-/* layout.c: the distributed layouts of the three operators (SPEC 5 table): placement names, the
+/* placement.c: the distributed layouts of the three operators (SPEC 5 table): placement names, the
  * infer rule of each operator, and the operators called behind their rules. The rules encode why
  * two-stage CP is correct:
  *   - queries (and everything per query) are SHARD(seq): each rank computes its own tokens;
@@ -13,7 +13,7 @@
  *     all-reduces them. */
 #include <stdio.h>
 
-#include "layout.h"
+#include "placement.h"
 #include "ops/kernels.h"
 #include "ops/sparse_attn.h"
 #include "util/err.h"
