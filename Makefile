@@ -105,9 +105,11 @@ install: all
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_NAMES   := safetensors config index packing
-HAVE_LIBFUZZER := $(shell printf 'int LLVMFuzzerTestOneInput(const char *d, long n) { return d && n; }\n' \
-                    > /tmp/dsv4-fuzz-probe.c 2>/dev/null && clang -fsanitize=fuzzer /tmp/dsv4-fuzz-probe.c \
-                    -o /tmp/dsv4-fuzz-probe >/dev/null 2>&1 && echo yes; rm -f /tmp/dsv4-fuzz-probe /tmp/dsv4-fuzz-probe.c)
+# probed only for the goals that build the harnesses (it costs a clang run)
+ifneq ($(filter fuzz fuzz-build test,$(MAKECMDGOALS)),)
+HAVE_LIBFUZZER ?= $(shell printf 'int LLVMFuzzerTestOneInput(const char *d, long n) { return d && n; }\n' | \
+                    clang -fsanitize=fuzzer -x c - -o /dev/null >/dev/null 2>&1 && echo yes)
+endif
 ifeq ($(HAVE_LIBFUZZER),yes)
 FUZZ_CC      := clang
 FUZZ_COMPILE := -fsanitize=fuzzer-no-link,address,undefined,float-cast-overflow

@@ -292,8 +292,9 @@ dsv4_status dsv4_ckpt_locate(dsv4_ckpt *c, const char *name, const int block[2],
   DSV4_TRY(dsv4_ckpt_get(c, sn, &out->scale_file, &out->scale, &out->scale_shard));
   const dsv4_st_info *s = out->scale;
   DSV4_CHECK(s->dtype == DSV4_DT_F8_E8M0 || s->dtype == DSV4_DT_F32 || s->dtype == DSV4_DT_BF16 ||
-             s->dtype == DSV4_DT_F16, DSV4_ERR_TENSOR, "%s: scale '%s' has dtype %s, expected F8_E8M0 or F32",
-             dsv4_st_path(out->scale_file), sn, s->dtype_name);
+             s->dtype == DSV4_DT_F16, DSV4_ERR_TENSOR,
+             "%s: scale '%s' has dtype %s, expected F8_E8M0, F32, BF16 or F16", dsv4_st_path(out->scale_file), sn,
+             s->dtype_name);
   DSV4_CHECK(block && block[0] > 0 && block[1] > 0, DSV4_ERR_ARG, "checkpoint: FP8 block size must be positive");
   out->block[0] = block[0];
   out->block[1] = block[1];

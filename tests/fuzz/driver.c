@@ -70,7 +70,13 @@ static void mutate(uint8_t *buf, size_t *n) {
     case 0: if (size) buf[at] ^= (uint8_t)(1u << (rnd() % 8)); break;
     case 1: if (size) buf[at] = (uint8_t)rnd(); break;
     case 2: if (size) buf[at] = "0123456789-+.e\"{}[],:\n"[rnd() % 23]; break;
-    case 3: if (size < DRIVER_MAX_INPUT) { memmove(buf + at + 1, buf + at, size - at); buf[at] = (uint8_t)rnd(); ++*n; } break;
+    case 3:
+      if (size < DRIVER_MAX_INPUT) {
+        memmove(buf + at + 1, buf + at, size - at);
+        buf[at] = (uint8_t)rnd();
+        ++*n;
+      }
+      break;
     case 4: if (size) { memmove(buf + at, buf + at + 1, size - at - 1); --*n; } break;
     case 5: *n = size ? rnd() % size : 0; break;
     default: { /* splice a piece of another corpus input */
