@@ -2,6 +2,7 @@
  * under mpirun -np N, results written by rank 0. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include "job.h"
 
@@ -11,13 +12,26 @@ static const char *USAGE =
     "\n"
     "One attention layer forward (and backward with --grad-output, of sum(out * dout) + indexer_loss).\n"
     "Under mpirun -np N the sequence is split over N ranks (two-stage context parallelism); every rank\n"
-    "reads the files and takes its shard; rank 0 writes out, topk_ids, indexer_loss, dx and grad.<name>.\n"
+    "reads only its own rows of the input files; rank 0 writes out, topk_ids, indexer_loss, dx and\n"
+    "grad.<name>, receiving the other ranks' rows one piece at a time.\n"
     "Without --weights the weights are random from --seed; without --input so is x ([seq, d], or\n"
     "[batch, seq, d] with --batch).";
 
-/* One line per message kind and direction: bytes and time of this rank, gathered to rank 0. */
+/* One line per message kind and direction: bytes and time of this rank, gathered to rank 0; then
+ * each rank's peak resident memory. */
 static void print_stats(cli_ctx *c, const dsv4_cp_stats *st) {
   dsv4_cp_stats *all = c->rank == 0 ? calloc((size_t)c->size, sizeof *all) : NULL;
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  double rss = (double)ru.ru_maxrss / 1024.0, *rss_all = c->rank == 0 ? calloc((size_t)c->size, sizeof(double)) : NULL;
+  MPI_Gather(&rss, 1, MPI_DOUBLE, rss_all, 1, MPI_DOUBLE, 0, c->comm);
+  if (c->rank == 0 && rss_all)
+    for (int r = 0; r < c->size; r++) printf("rank %d: peak resident memory %.1f MiB\n", r, rss_all[r]);
+  free(rss_all);
+  if (c->size == 1) {
+    free(all);
+    return;
+  }
   MPI_Gather(st, (int)sizeof *st, MPI_BYTE, all, (int)sizeof *st, MPI_BYTE, 0, c->comm);
   if (c->rank == 0 && all) {
     printf("%-22s %4s %14s %14s %9s %10s\n", "message kind", "rank", "bytes sent", "bytes recv", "messages",
@@ -39,7 +53,8 @@ int cmd_run(cli_ctx *c, int argc, char **argv) {
   int k = job_common_opts(&o, opts);
   opts[k++] = (cli_opt){"output", "FILE", "where rank 0 writes the results (required)", &output, NULL};
   opts[k++] = (cli_opt){"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL};
-  opts[k++] = (cli_opt){"stats", NULL, "print bytes and time per message kind and rank (CP)", NULL, &stats};
+  opts[k++] = (cli_opt){"stats", NULL, "print each rank's peak memory, and bytes and time per message kind (CP)", NULL,
+                        &stats};
   opts[k++] = (cli_opt){"naive", NULL, "use the naive reference path for every operator and product", NULL, &naive};
   opts[k] = (cli_opt){0};
   int p = cli_parse(c, argc, argv, 2, opts, USAGE);
@@ -56,10 +71,11 @@ int cmd_run(cli_ctx *c, int argc, char **argv) {
   }
   job_result r;
   dsv4_cp_stats st = {0};
+  j.keep_local = 1; /* job_write streams every rank's rows to rank 0 */
   job_execute(c, &j, 1, naive ? JOB_NAIVE : JOB_FAST, &r, &st);
   if (!cli_sync(c)) {
     job_write(c, &j, &r, output);
-    if (!cli_sync(c) && stats && c->size > 1) print_stats(c, &st);
+    if (!cli_sync(c) && stats) print_stats(c, &st);
   }
   int failed = c->err[0] != 0;
   job_result_free(&r);

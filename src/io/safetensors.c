@@ -64,7 +64,10 @@ struct dsv4_st_file {
 
 typedef struct {
   dsv4_st_info t;           /* begin/end are the offsets the tensor gets in the file */
-  const void *data;         /* borrowed */
+  const void *data;         /* borrowed; NULL for a tensor whose rows come from fill */
+  dsv4_st_fill_fn fill;     /* dsv4_st_writer_add_rows */
+  void *fill_ctx;
+  int64_t rows_per_call;
 } writer_entry;
 
 struct dsv4_st_writer {
@@ -353,14 +356,19 @@ const dsv4_st_info *dsv4_st_find(const dsv4_st_file *f, const char *name) {
 }
 
 /* Reads t into dst as fp32 (as_int 0) or int32 (as_int 1), converting in chunks where needed. */
-static dsv4_status read_tensor(dsv4_st_file *f, const dsv4_st_info *t, void *dst, int as_int) {
+/* Elements [e0, e0 + count) of a tensor, converted (as_int: to int32, else to fp32). */
+static dsv4_status read_elems(dsv4_st_file *f, const dsv4_st_info *t, int64_t e0, int64_t count, void *dst,
+                              int as_int) {
   dsv4_status rc = DSV4_OK;
   unsigned char *buf = NULL;
   char what[300];
   DSV4_CHECK(f && t, DSV4_ERR_ARG, "safetensors read: file and tensor must not be NULL");
   DSV4_CHECK((uintptr_t)t >= (uintptr_t)f->info && (uintptr_t)t < (uintptr_t)(f->info + f->n),
              DSV4_ERR_ARG, "%s: tensor info does not belong to this file", f->path);
-  DSV4_CHECK(dst || t->numel == 0, DSV4_ERR_ARG, "%s: tensor '%s': dst is NULL", f->path, t->name);
+  DSV4_CHECK(dst || count == 0, DSV4_ERR_ARG, "%s: tensor '%s': dst is NULL", f->path, t->name);
+  DSV4_CHECK(e0 >= 0 && count >= 0 && e0 <= t->numel && count <= t->numel - e0, DSV4_ERR_ARG,
+             "%s: tensor '%s': elements [%" PRId64 ", +%" PRId64 ") are outside its %" PRId64, f->path, t->name, e0,
+             count, t->numel);
   const int is_int = t->dtype == DSV4_DT_I32 || t->dtype == DSV4_DT_I64;
   const int is_float = t->dtype == DSV4_DT_F32 || t->dtype == DSV4_DT_BF16 || t->dtype == DSV4_DT_F16 ||
                        t->dtype == DSV4_DT_F64;
@@ -368,12 +376,13 @@ static dsv4_status read_tensor(dsv4_st_file *f, const dsv4_st_info *t, void *dst
              t->name, t->dtype_name, as_int ? "I32 or I64" : "a float dtype (F32, BF16, F16, F64)");
   const int es = dsv4_dtype_size(t->dtype);
   snprintf(what, sizeof what, "tensor '%s'", t->name);
-  if (es == 4) return read_at(f, dst, t->end - t->begin, f->data_start + t->begin, what);
+  const uint64_t base = f->data_start + t->begin + (uint64_t)(e0 * es);
+  if (es == 4) return read_at(f, dst, (size_t)(count * es), base, what);
   int64_t per = CHUNK_BYTES / (unsigned)es;
   DSV4_ALLOC(buf, CHUNK_BYTES);
-  for (int64_t i0 = 0; i0 < t->numel; i0 += per) {
-    int64_t n = t->numel - i0 < per ? t->numel - i0 : per;
-    DSV4_TRY(read_at(f, buf, (size_t)(n * es), f->data_start + t->begin + (uint64_t)(i0 * es), what));
+  for (int64_t i0 = 0; i0 < count; i0 += per) {
+    int64_t n = count - i0 < per ? count - i0 : per;
+    DSV4_TRY(read_at(f, buf, (size_t)(n * es), base + (uint64_t)(i0 * es), what));
     float *of = (float *)dst + i0;
     int32_t *oi = (int32_t *)dst + i0;
     for (int64_t i = 0; i < n; i++) {
@@ -387,7 +396,7 @@ static dsv4_status read_tensor(dsv4_st_file *f, const dsv4_st_info *t, void *dst
         default: /* I64 */
           memcpy(&v, buf + 8 * i, 8);
           DSV4_CHECK(v >= INT32_MIN && v <= INT32_MAX, DSV4_ERR_TENSOR, "%s: tensor '%s': I64 element %"
-                     PRId64 " = %" PRId64 " does not fit in int32", f->path, t->name, i0 + i, v);
+                     PRId64 " = %" PRId64 " does not fit in int32", f->path, t->name, e0 + i0 + i, v);
           oi[i] = (int32_t)v;
       }
     }
@@ -399,12 +408,17 @@ fail:
 
 /* F32 / BF16 / F16 / F64 -> fp32. */
 dsv4_status dsv4_st_read_f32(dsv4_st_file *f, const dsv4_st_info *t, float *dst) {
-  return read_tensor(f, t, dst, 0);
+  return read_elems(f, t, 0, t ? t->numel : 0, dst, 0);
+}
+
+/* Elements [e0, e0 + count) -> fp32: a rank's own rows of an input, never the whole tensor. */
+dsv4_status dsv4_st_read_f32_range(dsv4_st_file *f, const dsv4_st_info *t, int64_t e0, int64_t count, float *dst) {
+  return read_elems(f, t, e0, count, dst, 0);
 }
 
 /* I32, or I64 whose values all fit. */
 dsv4_status dsv4_st_read_i32(dsv4_st_file *f, const dsv4_st_info *t, int32_t *dst) {
-  return read_tensor(f, t, dst, 1);
+  return read_elems(f, t, 0, t ? t->numel : 0, dst, 1);
 }
 
 /* Raw bytes [offset, offset + n) of a tensor's data. */
@@ -488,6 +502,23 @@ fail:
   return rc;
 }
 
+dsv4_status dsv4_st_writer_add_rows(dsv4_st_writer *w, const char *name, dsv4_dtype dtype, int ndim,
+                                    const int64_t *shape, int64_t rows_per_call, dsv4_st_fill_fn fill, void *ctx) {
+  dsv4_status rc = DSV4_OK;
+  static const char placeholder = 0;
+  DSV4_CHECK(fill && rows_per_call > 0 && ndim >= 1 && (dtype == DSV4_DT_F32 || dtype == DSV4_DT_I32), DSV4_ERR_ARG,
+             "dsv4_st_writer_add_rows: tensor '%s': F32 or I32 rows, a fill function and rows_per_call > 0 needed",
+             name ? name : "?");
+  DSV4_TRY(dsv4_st_writer_add(w, name, dtype, ndim, shape, &placeholder));
+  writer_entry *e = &w->e[w->n - 1];
+  e->data = NULL;
+  e->fill = fill;
+  e->fill_ctx = ctx;
+  e->rows_per_call = rows_per_call;
+fail:
+  return rc;
+}
+
 /* Appends v to a JSON array as a verbatim integer (cJSON would print large doubles as 1e+15). */
 static int add_uint(cJSON *arr, uint64_t v) {
   char s[24];
@@ -562,6 +593,24 @@ void dsv4_st_remove_pending(void) {
     if (atomic_load(&pending[i].state) == SLOT_READY) unlink(pending[i].path);
 }
 
+/* Writes a fill-based tensor: rows_per_call rows at a time through one staging buffer. */
+static dsv4_status write_rows(int fd, const writer_entry *e, const char *path) {
+  dsv4_status rc = DSV4_OK;
+  char *buf = NULL;
+  const int64_t row_elems = e->t.ndim ? e->t.shape[e->t.ndim - 1] : 1;
+  const int64_t rows = row_elems ? e->t.numel / row_elems : 0, row_bytes = row_elems * 4;
+  const int64_t per = e->rows_per_call < rows ? e->rows_per_call : (rows ? rows : 1);
+  DSV4_ALLOC(buf, (size_t)(per * row_bytes) + 1);
+  for (int64_t r0 = 0; r0 < rows; r0 += per) {
+    const int64_t n = rows - r0 < per ? rows - r0 : per;
+    DSV4_TRY(e->fill(e->fill_ctx, r0, n, buf));
+    DSV4_TRY(write_all(fd, buf, (size_t)(n * row_bytes), path));
+  }
+fail:
+  free(buf);
+  return rc;
+}
+
 /* Writes to "<path>.tmp<pid>.<k>" (mode 0666 & ~umask), fsyncs, then renames it over path. */
 dsv4_status dsv4_st_writer_save(dsv4_st_writer *w, const char *path) {
   static atomic_uint counter;
@@ -584,6 +633,10 @@ dsv4_status dsv4_st_writer_save(dsv4_st_writer *w, const char *path) {
   DSV4_TRY(write_all(fd, hdr, hlen, path));
   for (int i = 0; i < w->n; i++) {
     const dsv4_st_info *t = &w->e[i].t;
+    if (w->e[i].fill) {
+      DSV4_TRY(write_rows(fd, &w->e[i], path));
+      continue;
+    }
     if (t->dtype == DSV4_DT_F32 || t->dtype == DSV4_DT_I32) {
       DSV4_TRY(write_all(fd, w->e[i].data, t->end - t->begin, path));
       continue;

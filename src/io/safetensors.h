@@ -55,6 +55,8 @@ const char *dsv4_st_path(const dsv4_st_file *f);
 /* Reads a tensor converting F32/BF16/F16/F64 to fp32 (dst has numel floats). Other dtypes are
  * rejected (FP8 is dequantised by src/io/checkpoint.c, which needs the scale tensor too). */
 dsv4_status dsv4_st_read_f32(dsv4_st_file *f, const dsv4_st_info *t, float *dst);
+/* Reads elements [e0, e0 + count) of a float tensor into fp32 (a rank's own rows of an input). */
+dsv4_status dsv4_st_read_f32_range(dsv4_st_file *f, const dsv4_st_info *t, int64_t e0, int64_t count, float *dst);
 /* Reads an I32 (or I64 whose values fit in int32) tensor. Float dtypes are rejected. */
 dsv4_status dsv4_st_read_i32(dsv4_st_file *f, const dsv4_st_info *t, int32_t *dst);
 /* Reads n raw bytes of tensor t starting at byte `offset` of its data (any dtype). */
@@ -71,6 +73,12 @@ void dsv4_st_writer_free(dsv4_st_writer *w);
  * round-to-nearest-even on save). The name is copied. Duplicate names are an error. */
 dsv4_status dsv4_st_writer_add(dsv4_st_writer *w, const char *name, dsv4_dtype dtype, int ndim,
                                const int64_t *shape, const void *data);
+/* A tensor (F32 or I32) whose data is produced while the file is written, so that it is never
+ * held whole: save calls fill(ctx, row0, n, dst) for consecutive row ranges of at most
+ * rows_per_call rows (a row is the last dimension), dst holding n rows. */
+typedef dsv4_status (*dsv4_st_fill_fn)(void *ctx, int64_t row0, int64_t n, void *dst);
+dsv4_status dsv4_st_writer_add_rows(dsv4_st_writer *w, const char *name, dsv4_dtype dtype, int ndim,
+                                    const int64_t *shape, int64_t rows_per_call, dsv4_st_fill_fn fill, void *ctx);
 /* Writes to "<path>.tmp<pid>.<k>" and renames it over path on success (a failure leaves the old
  * file and no temporary). While it runs, the temporary's path is in the pending-file registry. */
 dsv4_status dsv4_st_writer_save(dsv4_st_writer *w, const char *path);
