@@ -4,6 +4,7 @@
 #   make demo       install, build, run the main job on a built-in default
 #   make bench      install, build, run the benchmark report (bench/out/)
 #   make install PREFIX=/usr/local   headers, libraries, CLI and a pkg-config file
+#   make fuzz FUZZ_SECONDS=60        each fuzz harness of tests/fuzz for that long (libFuzzer)
 
 CC       := mpicc
 BUILD    ?= build
@@ -32,7 +33,7 @@ TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 MPITEST_SRC := $(wildcard tests/c/mpitest_*.c)
 TEST_BIN += $(MPITEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 
-.PHONY: all deps test test-fast test-asan demo bench install clean
+.PHONY: all deps test test-fast test-asan demo bench bench-long install clean fuzz fuzz-build
 all: $(BUILD)/libdsv4cp.a $(BUILD)/libdsv4cp.so $(BUILD)/dsv4cp $(TEST_BIN)
 
 HEADERS  := $(wildcard include/*.h src/*/*.h tools/*.h tests/c/*.h)
@@ -64,19 +65,22 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/c/%.o $(BUILD)/obj/tests/c/testutil.o $(BUI
 deps:
 	@scripts/install-deps.sh
 
-# The whole suite, then once more built with AddressSanitizer + UndefinedBehaviorSanitizer.
+# The whole suite (with a few seconds of each fuzz harness), then once more built with
+# AddressSanitizer + UndefinedBehaviorSanitizer.
 test: deps
-	$(MAKE) --no-print-directory all
-	tests/run_all.sh $(BUILD)
+	$(MAKE) --no-print-directory all fuzz-build
+	FUZZ_BUILD=$(FUZZ_BUILD) tests/run_all.sh $(BUILD)
 	$(MAKE) --no-print-directory test-asan
 
 test-fast: all
 	tests/run_all.sh $(BUILD)
 
+# gcc's "undefined" leaves out float-cast-overflow (a double too large for its int: undefined behaviour)
+SANITIZE := -fsanitize=address,undefined,float-cast-overflow
+
 test-asan:
 	$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
-	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
-	  EXTRA_LDFLAGS="-fsanitize=address,undefined" all
+	  EXTRA_CFLAGS="$(SANITIZE) -fno-sanitize-recover=all" EXTRA_LDFLAGS="$(SANITIZE)" all
 	DSV4_SANITIZED=1 tests/run_all.sh build-asan
 
 # The demo runs with CP = 2 so that it also shows CP = N against CP = 1.
@@ -88,6 +92,10 @@ demo: deps all
 bench: deps all
 	bench/run_bench.sh $(BUILD)
 
+# CSA and HCA at 65,536 tokens, CP = 2, with recomputation (about 20 minutes)
+bench-long: deps all
+	bench/run_bench_long.sh $(BUILD)
+
 install: all
 	install -d $(PREFIX)/include $(PREFIX)/lib/pkgconfig $(PREFIX)/bin
 	install -m 644 include/dsv4cp.h include/dsv4cp_mpi.h $(PREFIX)/include/
@@ -97,5 +105,47 @@ install: all
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@BLAS_LIB@|$(BLAS_LIB)|' -e 's|@MPI_LIB@|$(MPI_LIB)|' \
 	    -e 's|@VERSION@|$(VERSION)|' dsv4cp.pc.in > $(PREFIX)/lib/pkgconfig/dsv4cp.pc
 
+# ---- fuzzing (tests/fuzz): four harnesses (safetensors reader + weight loader, config.json,
+# index file, packing metadata) over a library built with sanitizers. libFuzzer with clang where it
+# links; otherwise gcc and tests/fuzz/driver.c, which replays the corpus and mutates it for as long.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_NAMES   := safetensors config index packing
+# probed only for the goals that build the harnesses (it costs a clang run)
+ifneq ($(filter fuzz fuzz-build test,$(MAKECMDGOALS)),)
+HAVE_LIBFUZZER ?= $(shell printf 'int LLVMFuzzerTestOneInput(const char *d, long n) { return d && n; }\n' | \
+                    clang -fsanitize=fuzzer -x c - -o /dev/null >/dev/null 2>&1 && echo yes)
+endif
+ifeq ($(HAVE_LIBFUZZER),yes)
+FUZZ_CC      := clang
+FUZZ_COMPILE := -fsanitize=fuzzer-no-link,address,undefined,float-cast-overflow
+FUZZ_LINK    := -fsanitize=fuzzer,address,undefined,float-cast-overflow
+FUZZ_MAIN    :=
+else
+FUZZ_CC      := gcc
+FUZZ_COMPILE := $(SANITIZE)
+FUZZ_LINK    := $(SANITIZE)
+FUZZ_MAIN    := $(FUZZ_BUILD)/obj/tests/fuzz/driver.o
+endif
+# single-threaded (no OpenMP: src/util/par.h falls back); MPI headers only (the harnesses use no MPI)
+FUZZ_CFLAGS  := -std=c17 -D_DEFAULT_SOURCE -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=all -Wall -Wextra \
+                -Werror -Wno-unknown-pragmas -Iinclude -Isrc -Itests/fuzz -I$(BLAS_INC) $(MPI_INC) $(FUZZ_COMPILE)
+FUZZ_OBJ     := $(LIB_SRC:%.c=$(FUZZ_BUILD)/obj/%.o)
+
+$(FUZZ_BUILD)/obj/%.o: %.c $(HEADERS) tests/fuzz/fuzz_util.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/libdsv4cp.a: $(FUZZ_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/obj/tests/fuzz/fuzz_%.o $(FUZZ_MAIN) $(FUZZ_BUILD)/libdsv4cp.a
+	$(FUZZ_CC) $(FUZZ_LINK) -o $@ $^ -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas $(MPI_LIB) -lcjson -lm
+
+fuzz-build: $(FUZZ_NAMES:%=$(FUZZ_BUILD)/fuzz_%)
+
+fuzz: deps fuzz-build
+	tests/fuzz/run_fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan $(FUZZ_BUILD)

@@ -13,6 +13,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 KINDS = {0: "SWA (r=0)", 4: "CSA (r=4)", 128: "HCA (r=128)"}
 TARGET_SGEMM, TARGET_PEER_SPEED, TARGET_PEER_MEM, TARGET_CP2, TARGET_HIDDEN = 0.75, 1.5, 3.0, 1.8, 0.80
+# recomputation: saved activations >= 4x smaller, <= 15% slower, >= half the cut visible in peak RSS,
+# at 8192 peak memory <= 1/3 of the peer; packed documents within 5% of the aligned speed
+TARGET_RC_SAVED, TARGET_RC_TIME, TARGET_RC_VISIBLE, TARGET_RC_PEER, TARGET_PACKED = 4.0, 1.15, 0.5, 3.0, 0.95
 
 
 def load(path):
@@ -28,9 +31,12 @@ def load(path):
     return rows
 
 
-def find(rows, ratio, seq, ranks, split="contiguous"):
+def find(rows, ratio, seq, ranks, split="contiguous", recompute=False, packed=False):
+    """The run of one configuration: default rows are one document without recomputation."""
     for r in rows:
-        if r["ratio"] == ratio and r["seq"] == seq and r["ranks"] == ranks and r["split"] == split:
+        if (r["ratio"] == ratio and r["seq"] == seq and r["ranks"] == ranks and r["split"] == split and
+                bool(r.get("recompute", False)) == recompute and
+                (r.get("packing", "one document") != "one document") == packed):
             return r
     return None
 
@@ -44,6 +50,7 @@ def peer_of(peers, ratio, seq):
 
 def main(out):
     res, peers = load(os.path.join(out, "results.jsonl")), load(os.path.join(out, "peer.jsonl"))
+    longs = load(os.path.join(out, "results_long.jsonl"))
     seqs = sorted({r["seq"] for r in res})
     lines = ["dsv4cp benchmark: V4-Flash layer, forward + backward, one thread per rank", ""]
     hdr = (f"{'kind':<12} {'seq':>5} {'N':>2} {'split':<10} {'fwd s':>8} {'bwd s':>8} {'tok/s':>7} {'GFLOP/s':>8} "
@@ -71,6 +78,7 @@ def main(out):
                 lines.append(f"{KINDS[ratio]:<12} {seq:>5} {'':>2} {'PyTorch':<10} {err[:60]}")
     lines += ["", "sgemm reference: cblas_sgemm 2048^3 measured in each run with the same threads "
               f"(median over runs: {median([r['sgemm_gflops_per_rank'] for r in res]):.1f} GFLOP/s per rank)", ""]
+    lines += recompute_table(res, peers) + packed_table(res) + long_table(longs)
     lines += targets(res, peers)
     text = "\n".join(lines) + "\n"
     open(os.path.join(out, "report.txt"), "w").write(text)
@@ -84,9 +92,65 @@ def median(v):
     return v[len(v) // 2] if v else float("nan")
 
 
+def recompute_table(res, peers):
+    """Recomputation next to the default (CP = 1, same run)."""
+    out = ["recomputation (CP = 1): saved activations, time and peak memory against the default", "",
+           f"{'kind':<12} {'seq':>5} {'act MB':>7} {'rc act':>7} {'smaller':>7} {'fwd+bwd s':>9} {'rc s':>8} "
+           f"{'slower':>7} {'RSS MB':>7} {'rc RSS':>7} {'cut seen':>8} {'peer RSS':>8} {'peer/rc':>7}",
+           "-" * 104]
+    for seq in sorted({r["seq"] for r in res}):
+        for ratio in KINDS:
+            d, rc = find(res, ratio, seq, 1), find(res, ratio, seq, 1, recompute=True)
+            if not d or not rc:
+                continue
+            t_d, t_rc = d["fwd_s"] + d["bwd_s"], rc["fwd_s"] + rc["bwd_s"]
+            cut = d["saved_activation_mb"] - rc["saved_activation_mb"]
+            seen = (d["peak_rss_mb"] - rc["peak_rss_mb"]) / cut if cut > 0 else float("nan")
+            p = peer_of(peers, ratio, seq)
+            peer = p["peak_rss_bytes"] / 2**20 if p else float("nan")
+            out.append(f"{KINDS[ratio]:<12} {seq:>5} {d['saved_activation_mb']:>7.0f} {rc['saved_activation_mb']:>7.0f} "
+                       f"{d['saved_activation_mb'] / rc['saved_activation_mb']:>6.2f}x {t_d:>9.2f} {t_rc:>8.2f} "
+                       f"{100 * (t_rc / t_d - 1):>6.1f}% {d['peak_rss_mb']:>7.0f} {rc['peak_rss_mb']:>7.0f} "
+                       f"{100 * seen:>7.0f}% {peer:>8.0f} {peer / rc['peak_rss_mb']:>6.2f}x")
+    return out + [""]
+
+
+def packed_table(res):
+    """Randomly packed documents (50..3000 tokens) next to one document, CP = 2, same run."""
+    out = ["packed documents (lengths drawn from 50..3000 tokens) against one document, CP = 2", "",
+           f"{'kind':<12} {'seq':>5} {'docs':>5} {'GFLOP/s':>8} {'aligned':>8} {'ratio':>6} {'%sgemm':>7} {'aligned':>8} "
+           f"{'plan':>4}", "-" * 72]
+    for seq in sorted({r["seq"] for r in res}):
+        for ratio in KINDS:
+            a, p = find(res, ratio, seq, 2), find(res, ratio, seq, 2, packed=True)
+            if not a or not p:
+                continue
+            plan = {True: "yes", False: "NO", None: "-"}[p.get("bytes_match_plan")]
+            out.append(f"{KINDS[ratio]:<12} {seq:>5} {p['packing'].split()[0]:>5} {p['gflops']:>8.1f} {a['gflops']:>8.1f} "
+                       f"{p['fraction_of_sgemm'] / a['fraction_of_sgemm']:>6.3f} {100 * p['fraction_of_sgemm']:>6.1f}% "
+                       f"{100 * a['fraction_of_sgemm']:>7.1f}% {plan:>4}")
+    return out + [""]
+
+
+def long_table(longs):
+    """make bench-long: long sequences with recomputation, and the planner's memory next to the measured."""
+    if not longs:
+        return []
+    out = ["long context (make bench-long): one forward + backward, recomputation, no warm-up", "",
+           f"{'kind':<12} {'seq':>6} {'N':>2} {'fwd s':>8} {'bwd s':>8} {'tok/s':>7} {'GFLOP/s':>8} {'RSS MB':>7} "
+           f"{'base MB':>7} {'planned':>7} {'measured':>8} {'plan/meas':>9}", "-" * 100]
+    for r in longs:
+        meas = r.get("rss_above_base_mb", float("nan"))
+        out.append(f"{KINDS[r['ratio']]:<12} {r['seq']:>6} {r['ranks']:>2} {r['fwd_s']:>8.1f} {r['bwd_s']:>8.1f} "
+                   f"{r['tokens_per_s']:>7.0f} {r['gflops']:>8.1f} {r['peak_rss_mb']:>7.0f} {r.get('rss_base_mb', 0):>7.0f} "
+                   f"{r.get('planned_mb', 0):>7.0f} {meas:>8.0f} {r.get('planned_mb', 0) / meas:>9.3f}")
+    return out + ["  (RSS MB: peak resident memory of the largest rank; measured = peak minus the runtime's base before",
+                  "   the layer's first allocation; planned = dsv4cp plan --recompute's total for that rank)", ""]
+
+
 def targets(res, peers):
     """The issue's targets, each with the figure it was judged on."""
-    t = ["targets (issue 4):"]
+    t = ["targets:"]
 
     def line(ok, what, detail):
         t.append(f"  [{'met ' if ok else 'MISS'}] {what}: {detail}")
@@ -123,6 +187,32 @@ def targets(res, peers):
                 if z:
                     t.append(f"  [info] {KINDS[ratio]} S={seq} per-rank busy-time spread (max/min): contiguous "
                              f"{r2['busy_spread']:.3f}, zigzag {z['busy_spread']:.3f}")
+    for ratio in KINDS:
+        for seq in sorted({r["seq"] for r in res}):
+            d, rc = find(res, ratio, seq, 1), find(res, ratio, seq, 1, recompute=True)
+            if not d or not rc:
+                continue
+            k = f"{KINDS[ratio]} S={seq} recomputation"
+            sm = d["saved_activation_mb"] / rc["saved_activation_mb"]
+            line(sm >= TARGET_RC_SAVED, f"{k}: saved activations >= 4x smaller", f"{sm:.2f}x")
+            sl = (rc["fwd_s"] + rc["bwd_s"]) / (d["fwd_s"] + d["bwd_s"])
+            line(sl <= TARGET_RC_TIME, f"{k}: at most 15% slower", f"{100 * (sl - 1):+.1f}%")
+            cut = d["saved_activation_mb"] - rc["saved_activation_mb"]
+            seen = (d["peak_rss_mb"] - rc["peak_rss_mb"]) / cut
+            line(seen >= TARGET_RC_VISIBLE, f"{k}: >= half the saved cut visible in peak RSS",
+                 f"{100 * seen:.0f}% ({d['peak_rss_mb'] - rc['peak_rss_mb']:.0f} of {cut:.0f} MB)")
+            p = peer_of(peers, ratio, seq)
+            if p and seq == 8192:
+                pr = p["peak_rss_bytes"] / 2**20 / rc["peak_rss_mb"]
+                line(pr >= TARGET_RC_PEER, f"{k}: peak memory <= 1/3 of the PyTorch peer",
+                     f"{pr:.2f}x ({rc['peak_rss_mb']:.0f} MB vs {p['peak_rss_bytes'] / 2**20:.0f} MB)")
+    for ratio in KINDS:
+        for seq in sorted({r["seq"] for r in res}):
+            a, p = find(res, ratio, seq, 2), find(res, ratio, seq, 2, packed=True)
+            if a and p:
+                q = p["fraction_of_sgemm"] / a["fraction_of_sgemm"]
+                line(q >= TARGET_PACKED, f"{KINDS[ratio]} S={seq} CP=2 packed documents within 5% of the aligned speed",
+                     f"{100 * p['fraction_of_sgemm']:.1f}% vs {100 * a['fraction_of_sgemm']:.1f}% of sgemm ({q:.3f})")
     plans = [r.get("bytes_match_plan") for r in res if r["ranks"] > 1]
     line(all(plans) and plans, "measured bytes per rank and message kind == dsv4cp plan",
          f"{sum(1 for p in plans if p)} of {len(plans)} multi-rank runs match exactly")

@@ -1,9 +1,10 @@
 #!/bin/sh
 # run_bench.sh BUILD: the benchmark report (make bench). For each layer kind of V4-Flash (SWA layer 0,
 # CSA layer 2, HCA layer 3) and length 1024, 4096, 8192: dsv4cp with CP = 1 and CP = 2 (contiguous
-# and zigzag), one thread per rank, and the PyTorch peer (bench/peer.py) with one thread; each
+# and zigzag), CP = 1 with recomputation, CP = 2 on randomly packed documents of 50..3000 tokens
+# (4096 and up), one thread per rank, and the PyTorch peer (bench/peer.py) with one thread; each
 # configuration in its own process so that peak memory is per configuration. Then bench/report.py
-# writes bench/out/report.txt, report.json and the plots.
+# writes bench/out/report.txt, report.json and the plots. (make bench-long: bench/run_bench_long.sh.)
 #   BENCH_SEQS="1024 4096"  lengths to run (default 1024 4096 8192)
 #   BENCH_PEER=0            skip the PyTorch peer
 #   BENCH_REPS=3            timed repetitions (lengths >= 8192 use 1)
@@ -25,7 +26,7 @@ fi
 MPIRUN="mpirun --quiet --oversubscribe --bind-to none -np 2"
 [ "$(id -u)" -eq 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
 total=0
-for s in $SEQS; do total=$((total + 3 * (3 + PEER))); done
+for s in $SEQS; do total=$((total + 3 * (4 + PEER))); [ "$s" -ge 4096 ] && total=$((total + 3)); done
 k=0
 step() { k=$((k + 1)); printf '[%2d/%2d] %s\n' "$k" "$total" "$*"; }
 "$BUILD/dsv4cp" bench --header --layer 0 --seq 64 --reps 1 --preset tiny > /dev/null 2>&1 # warm caches
@@ -42,6 +43,14 @@ for s in $SEQS; do
     step "dsv4cp CP=2 zigzag ratio $r seq $s"
     $MPIRUN "$BUILD/dsv4cp" bench --layer "$layer" --seq "$s" --reps "$reps" --threads 1 --split zigzag \
       --json "$OUT/results.jsonl" || echo "  failed"
+    step "dsv4cp CP=1 recomputation ratio $r seq $s"
+    "$BUILD/dsv4cp" bench --layer "$layer" --seq "$s" --reps "$reps" --threads 1 --recompute \
+      --json "$OUT/results.jsonl" || echo "  failed"
+    if [ "$s" -ge 4096 ]; then
+      step "dsv4cp CP=2 packed documents of 50..3000 tokens ratio $r seq $s"
+      $MPIRUN "$BUILD/dsv4cp" bench --layer "$layer" --seq "$s" --reps "$reps" --threads 1 --doc-lengths 50:3000 \
+        --json "$OUT/results.jsonl" || echo "  failed"
+    fi
     if [ "$PEER" = 1 ]; then
       step "PyTorch peer ratio $r seq $s"
       /usr/bin/python3 bench/peer.py bench --preset flash --ratio "$r" --seq "$s" --threads 1 --reps "$reps" \

@@ -11,7 +11,7 @@ implementation's results in one safetensors file (CANDIDATE):
 
 CANDIDATE holds what it has of: out (the shape of x), topk_ids (int [T, index_topk], global
 compressed ids, -1 padded), indexer_loss ([1] or scalar), and with --grad-output (gradients of
-sum(out * dout) + indexer_loss) dx and grad.<weight name> (with or without the "layers.L." prefix).
+sum(out * dout) + indexer_loss) dx and grad.<weight name> (with any prefix: layers.L., mtp.0., none).
 The file formats are those of `dsv4cp run` (SPEC 7), so a `dsv4cp run` output is a valid candidate.
 
 It prints one line per tensor: the worst absolute difference, where it is, the largest |value| of
@@ -63,15 +63,13 @@ def oracle(a):
     return res, attn
 
 
-def candidate_tensors(path, layer):
-    """The candidate's tensors with gradient names reduced to the short form (grad.attn.*)."""
+def candidate_tensors(path):
+    """The candidate's tensors with gradient names reduced to the short form: grad.<anything>.attn.x
+    (layers.L., model.layers.L., mtp.0., ...) -> grad.attn.x."""
     got = {}
-    prefix = f"{GRAD}layers.{layer}."
     for name, v in st.read(path).items():
-        if name.startswith(prefix):
-            name = GRAD + name[len(prefix):]
-        elif name.startswith(GRAD + "model.layers."):
-            name = GRAD + name.split(".", 4)[-1]
+        if name.startswith(GRAD) and ".attn." in name:
+            name = GRAD + name[name.index(".attn.") + 1:]
         got[name] = v
     return got
 
@@ -115,7 +113,7 @@ def main():
     a = p.parse_args()
 
     mine, attn = oracle(a)
-    cand = candidate_tensors(a.candidate, a.layer)
+    cand = candidate_tensors(a.candidate)
     print(f"oracle: dsv4cp {dsv4cp.version()}, layer {a.layer} (compress ratio {attn.ratio}), "
           f"{mine['out'].shape[0] if mine['out'].ndim == 2 else mine['out'].shape[0] * mine['out'].shape[1]} tokens")
     print(f"  {'tensor':<44} {'max|diff|':>10} {'at':>14} {'max|oracle|':>11} {'rel':>9}  verdict")

@@ -92,12 +92,24 @@ typedef struct {
   double eps;                 /* rms_norm_eps */
   double index_loss_coeff;    /* index_loss_coeff (not a DeepSeek key; default 1e-3; 0 = loss off) */
   dsv4_kl_mode index_loss_mode; /* index_loss_mode: "sparse" (over sel[p]) or "dense" (all visible) */
+  int n_hidden_layers;  /* num_hidden_layers (ModelArgs: n_layers): layers L >= it are the
+                           multi-token-prediction layers, named mtp.{L - n_hidden_layers}.attn.* in
+                           checkpoints; 0 = unknown (every layer named layers.L.attn.*) */
+  int fp8_block[2];     /* quantization_config.weight_block_size: rows x cols of the weight block one
+                           FP8 scale covers (128 x 128 in V4); 0 = not given, which means 128 */
 } dsv4_config;
 
-/* Built-in presets: "flash" (V4-Flash), "pro" (V4-Pro), "tiny" (small dims for tests/demos). */
+/* Built-in presets: "flash" (V4-Flash, 43 layers + the MTP layer), "pro" (V4-Pro, 61 + MTP), "tiny"
+ * (small dims for tests/demos: layers 0, 1, 2 are SWA, CSA, HCA, no MTP layer). */
 DSV4_API dsv4_status dsv4_config_preset(dsv4_config *cfg, const char *name);
-/* Parses a Hugging Face style DeepSeek V4 config.json (text or file). Structural keys are required;
- * rope/eps keys default to V4-Flash values; unknown keys are ignored. Validates the result. */
+/* Parses a DeepSeek V4 config.json (text or file): the released Hugging Face style keys
+ * (hidden_size, rope_scaling, ...) or the ModelArgs names of DeepSeek's inference code (dim,
+ * n_heads, window_size, rope_factor, original_seq_len, ...); a quantity given under both names
+ * with different values is an error naming both keys. Structural keys are required (never the
+ * ModelArgs debug defaults); rope/eps keys default to V4-Flash values, except that a ModelArgs-style
+ * file must give compress_rope_theta and original_seq_len (and rope_factor when YaRN is on), whose
+ * ModelArgs defaults differ. quantization_config must be fp8 / e4m3 / ue8m0-or-F32 scales with any
+ * weight_block_size, or absent. Every number is range-checked; unknown keys are ignored. */
 DSV4_API dsv4_status dsv4_config_parse(dsv4_config *cfg, const char *json_text);
 DSV4_API dsv4_status dsv4_config_load(dsv4_config *cfg, const char *path);
 /* Checks every value (H % o_groups, rope_dim even and <= every rotated vector, ratios in {0,4,128}...). */
@@ -123,15 +135,23 @@ DSV4_API dsv4_status dsv4_weights_create(dsv4_weights **out, const dsv4_config *
 DSV4_API void dsv4_weights_free(dsv4_weights *w);
 DSV4_API int dsv4_weights_count(const dsv4_weights *w);
 DSV4_API dsv4_status dsv4_weights_get(const dsv4_weights *w, int i, dsv4_tensor *t);
-/* Tensor by short name ("attn.wq_a.weight") or full name ("layers.2.attn.wq_a.weight"); NULL if absent. */
+/* Tensor by short name ("attn.wq_a.weight") or full name ("layers.2.attn.wq_a.weight", or with the
+ * prefix it was loaded under, e.g. "mtp.0.attn.wq_a.weight"); NULL if absent. */
 DSV4_API float *dsv4_weights_find(const dsv4_weights *w, const char *name);
 DSV4_API void dsv4_weights_zero(dsv4_weights *w);
 /* Deterministic random values from seed: element i of tensor t depends only on (seed, t's name, i). */
 DSV4_API dsv4_status dsv4_weights_init_random(dsv4_weights *w, uint64_t seed);
-/* Loads every tensor from a safetensors file, named "layers.L.<short>" or "<short>"; F32/BF16/F16.
- * A missing tensor, wrong shape or wrong dtype is an error naming the tensor. */
+/* Loads the layer's tensors from a checkpoint (SPEC 2): a .safetensors file, a
+ * model.safetensors.index.json (shards relative to it), or a directory holding one. Names are
+ * "layers.L.<short>" (the multi-token-prediction layer L >= cfg.n_hidden_layers:
+ * "mtp.{L - n_hidden_layers}.<short>"), optionally with "model." in front, or bare "<short>" in a
+ * one-layer file. Only the layer's tensors are read, by byte range; other tensors of any dtype are
+ * skipped. F32/BF16/F16, and F8_E4M3 2-d weights with their E8M0 (or F32) block scale, dequantised
+ * exactly. A missing tensor or shard, a wrong shape, dtype or scale, a NaN or infinite weight is an
+ * error naming the file and the tensor. */
 DSV4_API dsv4_status dsv4_weights_load(dsv4_weights *w, const char *path);
-/* Prefix the loaded file used for this layer ("layers.L." or ""), for naming gradients. */
+/* Prefix of the tensor names the layer was loaded from ("layers.L.", "mtp.0.", "model.layers.L.",
+ * "" ...; random weights: "layers.L."), for naming gradients. */
 DSV4_API const char *dsv4_weights_prefix(const dsv4_weights *w);
 /* dst += src, tensor by tensor (same config and layer). */
 DSV4_API dsv4_status dsv4_weights_add(dsv4_weights *dst, const dsv4_weights *src);
@@ -358,7 +378,7 @@ DSV4_API dsv4_core *dsv4_layer_core(dsv4_layer *l);
 DSV4_API void dsv4_layer_set_impl(dsv4_layer *l, dsv4_impl impl);
 /* on = 1: recomputation. A training forward keeps neither the queries q nor the attention output o
  * (2 H D floats per row, most of what the layer keeps) nor the indexer queries; the backward
- * rebuilds them chunk by chunk (DSV4_CHUNK_ROWS rows at a time), so transient buffers stay bounded
+ * rebuilds them chunk by chunk (512 rows at a time), so transient buffers stay bounded
  * too. Results (forward and backward) are bitwise the same as without it; the cost is one more
  * query projection and attention forward in the backward. Forgets a pending training forward. */
 DSV4_API dsv4_status dsv4_layer_set_recompute(dsv4_layer *l, int on);

@@ -57,6 +57,19 @@ echo "== examples and the README program"
 run "examples" $PY tests/test_examples.py --build "$BUILD"
 echo "== installed library (pkg-config, exported symbols)"
 run "install" $PY tests/test_install.py --build "$BUILD"
+echo "== released checkpoints: shards, index, FP8, MTP names (tests/ckptlib.py writes them by hand)"
+run "checkpoint" $PY tests/test_checkpoint.py --build "$BUILD"
+echo "== untrusted input: escaped messages, range checks, non-regular files, signals during output"
+run "hardening" $PY tests/test_hardening.py --build "$BUILD"
+FUZZ_BUILD=${FUZZ_BUILD:-build-fuzz}
+if [ "${DSV4_SANITIZED:-0}" != 1 ]; then  # the harnesses are sanitizer builds of their own
+  echo "== fuzz harnesses, ${FUZZ_SMOKE_SECONDS:-3} s each ($FUZZ_BUILD; make fuzz for longer runs)"
+  if [ -x "$FUZZ_BUILD/fuzz_config" ]; then
+    run "fuzz" tests/fuzz/run_fuzz.sh "$FUZZ_BUILD" "${FUZZ_SMOKE_SECONDS:-3}"
+  else
+    echo "note: $FUZZ_BUILD/fuzz_* not built (make fuzz-build): fuzz step skipped" | tee -a "$LOG"
+  fi
+fi
 echo "== benchmark smoke run"
 run "bench smoke" $PY tests/test_bench_smoke.py --build "$BUILD"
 

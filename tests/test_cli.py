@@ -15,7 +15,7 @@ import numpy as np
 
 import testlib as T
 
-COMMANDS = ("run", "demo", "check", "train", "bench", "plan", "info")
+COMMANDS = ("run", "demo", "check", "train", "bench", "plan", "info", "weights")
 
 
 def expect_error(build, name, args, needle, nranks=1):

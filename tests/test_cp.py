@@ -12,6 +12,7 @@ of 240 packings in one `mpirun -np 8` (tests/c/mpitest_cp_sweep.c), random packi
 reference, `dsv4cp check`, the SGD loss equivalence of `dsv4cp train`, and the library-level
 agreement check (ranks given different inputs)."""
 import argparse
+import json
 import os
 import random
 import re
@@ -119,7 +120,7 @@ def run_case(build, name, args, bitwise, ranks=RANKS, ref_each=True):
 
 def test_recompute_bytes(build):
     """`run --recompute` writes byte for byte the file `run` writes, at N = 1 and 2 (every layer kind,
-    a stream of three backward chunks and documents of any length)."""
+    a stream of several backward chunks and documents of any length)."""
     x = os.path.join(T.golden_dir(build), "rc_in.safetensors")
     g = os.path.join(T.golden_dir(build), "rc_dout.safetensors")
     rng = np.random.default_rng(7)
@@ -136,6 +137,39 @@ def test_recompute_bytes(build):
                 files.append(out if rc == 0 else None)
             same = all(files) and open(files[0], "rb").read() == open(files[1], "rb").read()
             T.check(same, f"cp run --recompute == run byte for byte: tiny layer {layer}, N={n}")
+
+
+def test_input_memory(build, bitwise):
+    """The CLI scales with N: each rank reads only its own rows of x and dout (byte ranges), and rank 0
+    writes the gathered file one piece at a time, so per-rank peak memory for 128 MiB inputs falls
+    as 1/N (a wide model, d = 4096, with tiny attention dims: the inputs dominate)."""
+    d = os.path.join(T.golden_dir(build), "io")
+    os.makedirs(d, exist_ok=True)
+    cfg = {"hidden_size": 4096, "num_attention_heads": 2, "head_dim": 16, "qk_rope_head_dim": 8, "q_lora_rank": 8,
+           "o_groups": 1, "o_lora_rank": 8, "sliding_window": 8, "compress_ratios": [0]}
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    rng = np.random.default_rng(3)
+    T.st.write(os.path.join(d, "in.safetensors"), {"x": rng.standard_normal((8192, 4096)).astype(np.float32)})
+    T.st.write(os.path.join(d, "g.safetensors"), {"dout": rng.standard_normal((8192, 4096)).astype(np.float32)})
+    peak, outs = {}, {}
+    for n in (1, 4):
+        outs[n] = os.path.join(d, f"out{n}.safetensors")
+        rc, out, err = T.cli(build, ["run", "--config", os.path.join(d, "config.json"), "--layer", "0", "--input",
+                                     os.path.join(d, "in.safetensors"), "--grad-output", os.path.join(d, "g.safetensors"),
+                                     "--output", outs[n], "--stats"], nranks=n, timeout=300)
+        mib = [float(m.group(1)) for m in re.finditer(r"peak resident memory ([0-9.]+) MiB", out)]
+        peak[n] = max(mib) if rc == 0 and len(mib) == n else None
+        if not T.check(peak[n] is not None, f"cp input memory: N={n} runs and reports each rank's peak memory",
+                       err.strip()[-200:]):
+            return
+    T.check(peak[4] < 0.45 * peak[1],
+            f"cp input memory: 4 x 128 MiB of x, dout, out, dx per rank fall as 1/N (largest rank {peak[4]:.0f} MiB "
+            f"at N=4 against {peak[1]:.0f} MiB at N=1)")
+    fails = T.compare_cp(outs[4], outs[1], "io", bitwise)
+    T.check(not fails, "cp input memory: the file rank 0 streams at N=4 equals N=1's", "; ".join(fails))
+    for f in os.listdir(d):
+        if f.endswith(".safetensors"):
+            os.remove(os.path.join(d, f))
 
 
 def test_sweep(build, bitwise):
@@ -304,6 +338,7 @@ def main():
             run_case(a.build, name, args, bitwise, ranks=ranks, ref_each=False)
     if not a.cases:
         test_recompute_bytes(a.build)
+        test_input_memory(a.build, bitwise)
         test_sweep(a.build, bitwise)
         test_random_against_reference(a.build, bitwise)
         test_loud_failures(a.build)

@@ -1,8 +1,10 @@
-/* cli.c: shared CLI machinery (see cli.h). */
+/* cli.c: shared CLI machinery (see cli.h): errors (escaped, synchronised over ranks), option
+ * parsing, threads, and the SIGINT/SIGTERM clean-up of a half-written output file. */
 #include "cli.h"
 
 #include <errno.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,16 +12,37 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "io/safetensors.h"
+#include "util/err.h"
+
 /* How long a failing rank waits for the others to reach the error check before aborting the job
  * (they may be blocked in a message the failing rank will never send). */
 #define CLI_SYNC_TIMEOUT 10.0
 
 void cli_error(cli_ctx *c, const char *fmt, ...) {
   if (c->err[0]) return;
+  char raw[CLI_MSG_LEN];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(c->err, sizeof c->err, fmt, ap);
+  vsnprintf(raw, sizeof raw, fmt, ap);
   va_end(ap);
+  dsv4_escape(c->err, sizeof c->err, raw);
+}
+
+/* Unlinks pending output temporaries (async-signal-safe), then dies by the same signal. */
+static void on_fatal_signal(int sig) {
+  dsv4_st_remove_pending();
+  raise(sig); /* SA_RESETHAND restored the default action: delivered when this handler returns */
+}
+
+void cli_install_signal_cleanup(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_fatal_signal;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
 }
 
 int cli_lib(cli_ctx *c, dsv4_status rc) {

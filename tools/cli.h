@@ -19,7 +19,8 @@ typedef struct {
   progress *progress;    /* the command's progress line, or NULL (see progress.h) */
 } cli_ctx;
 
-/* Records an error on this rank (the first one wins). */
+/* Records an error on this rank (the first one wins). The message is escaped (control bytes and
+ * bytes >= 0x7f as \xNN): it may quote argv or file contents, and must print as one line. */
 void cli_error(cli_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Records the library's last error for status rc (no-op when rc is DSV4_OK); returns rc != OK. */
 int cli_lib(cli_ctx *c, dsv4_status rc);
@@ -61,5 +62,10 @@ int cmd_train(cli_ctx *c, int argc, char **argv);
 int cmd_bench(cli_ctx *c, int argc, char **argv);
 int cmd_plan(cli_ctx *c, int argc, char **argv);
 int cmd_info(cli_ctx *c, int argc, char **argv);
+int cmd_weights(cli_ctx *c, int argc, char **argv);
+
+/* SIGINT / SIGTERM: remove the temporary file of an output being written, then die by the signal
+ * (the library installs no handlers; it only keeps the registry the handler reads). */
+void cli_install_signal_cleanup(void);
 
 #endif

@@ -76,7 +76,8 @@ typedef struct {
 } timing;
 
 /* Runs reps forward + backward calls; returns rank-local medians. */
-static int measure(cli_ctx *c, job *j, dsv4_layer *l, int reps, timing *tm, dsv4_cp_stats *st, size_t *saved) {
+static int measure(cli_ctx *c, job *j, dsv4_layer *l, int reps, int warmup, timing *tm, dsv4_cp_stats *st,
+                   size_t *saved) {
   const int64_t n = j->n, d = j->cfg.dim, k = j->cfg.index_topk;
   float *out = malloc(sizeof(float) * (size_t)(n * d + 1)), *dx = malloc(sizeof(float) * (size_t)(n * d + 1));
   int32_t *topk = malloc(sizeof(int32_t) * (size_t)(n * k + 1));
@@ -88,10 +89,10 @@ static int measure(cli_ctx *c, job *j, dsv4_layer *l, int reps, timing *tm, dsv4
   dsv4_layer_flops(&j->cfg, j->layer, &j->pk, &f);
   const int cp = c->size > 1;
   float loss;
-  for (int r = -1; ok && r < reps; r++) { /* r = -1: warm-up */
+  for (int r = -warmup; ok && r < reps; r++) { /* r < 0: warm-up */
     char what[48] = "warm-up";
     if (r >= 0) snprintf(what, sizeof what, "run %d of %d", r + 1, reps);
-    progress_at(c->progress, what, (double)(r + 1) / (reps + 1));
+    progress_at(c->progress, what, (double)(r + warmup) / (double)(reps + warmup));
     if (r == 0 && cp) dsv4_cp_stats_reset(dsv4_layer_core(l));
     dsv4_cp_stats before = {0}, after = {0};
     if (cp) dsv4_cp_get_stats(dsv4_layer_core(l), &before);
@@ -228,11 +229,12 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
       "object to --json. `make bench` (bench/run_bench.sh) runs the whole report. On a terminal, a\n"
       "progress line on stderr.";
   job_opts o = {.random_dout = 1};
-  const char *reps_s = NULL, *json = NULL, *threads = NULL;
+  const char *reps_s = NULL, *json = NULL, *threads = NULL, *warmup_s = NULL;
   int header = 0;
   cli_opt opts[24];
   int k = job_common_opts(&o, opts, JOB_CMD_BENCH);
-  opts[k++] = (cli_opt){"reps", "K", "timed repetitions after one warm-up (default 3)", &reps_s, NULL};
+  opts[k++] = (cli_opt){"reps", "K", "timed repetitions after the warm-up (default 3)", &reps_s, NULL};
+  opts[k++] = (cli_opt){"warmup", "W", "untimed calls before them (default 1; 0 for very long runs)", &warmup_s, NULL};
   opts[k++] = (cli_opt){"json", "FILE", "append the result as one JSON object per line", &json, NULL};
   opts[k++] = (cli_opt){"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL};
   opts[k++] = (cli_opt){"header", NULL, "print the column names first", NULL, &header};
@@ -242,6 +244,8 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   if (!o.preset && !o.config) o.preset = "flash";
   int64_t reps = DEFAULT_REPS;
   if (p == 0 && reps_s) cli_int(c, "reps", reps_s, 1, 1000, &reps);
+  int64_t warmup = 1;
+  if (p == 0 && warmup_s) cli_int(c, "warmup", warmup_s, 0, 100, &warmup);
   if (!c->err[0]) cli_set_threads(c, threads);
   if (cli_sync(c)) return 1;
   if (header)
@@ -263,7 +267,7 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   if (!cli_sync(c)) {
     double gemm = sgemm_rate(c, SGEMM_REPS);
     job_make_layer(c, &j, 1, &l, &comm);
-    if (!cli_sync(c) && measure(c, &j, l, (int)reps, &tm, &st, &saved) && !cli_sync(c)) {
+    if (!cli_sync(c) && measure(c, &j, l, (int)reps, (int)warmup, &tm, &st, &saved) && !cli_sync(c)) {
       const double gemm_after = sgemm_rate(c, SGEMM_REPS); /* before and after: the better */
       if (gemm_after > gemm) gemm = gemm_after;
       const int64_t blk = j.ratio > 0 ? (j.n + j.ratio - 1) / j.ratio : 0; /* slot buffer rows (about) */

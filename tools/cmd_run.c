@@ -2,6 +2,7 @@
  * under mpirun -np N, results written by rank 0. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include "job.h"
 
@@ -12,14 +13,27 @@ static const char *USAGE =
     "\n"
     "One attention layer forward (and backward with --grad-output, of sum(out * dout) + indexer_loss).\n"
     "Under mpirun -np N the sequence is split over N ranks (two-stage context parallelism); every rank\n"
-    "reads the files and takes its shard; rank 0 writes out, topk_ids, indexer_loss, dx and grad.<weight name>.\n"
+    "reads only its own rows of the input files; rank 0 writes out, topk_ids, indexer_loss, dx and\n"
+    "grad.<weight name>, receiving the other ranks' rows one piece at a time.\n"
     "Without --weights the weights are random from --seed; without --input so is x ([seq, d], or\n"
     "[batch, seq, d] with --batch). Prints one summary line (tokens, ranks, layer kind, time, output\n"
     "file) and, on a terminal, a progress line on stderr; --quiet prints neither.";
 
-/* One line per message kind and direction: bytes and time of this rank, gathered to rank 0. */
+/* One line per message kind and direction: bytes and time of this rank, gathered to rank 0; then
+ * each rank's peak resident memory. */
 static void print_stats(cli_ctx *c, const dsv4_cp_stats *st) {
   dsv4_cp_stats *all = c->rank == 0 ? calloc((size_t)c->size, sizeof *all) : NULL;
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  double rss = (double)ru.ru_maxrss / 1024.0, *rss_all = c->rank == 0 ? calloc((size_t)c->size, sizeof(double)) : NULL;
+  MPI_Gather(&rss, 1, MPI_DOUBLE, rss_all, 1, MPI_DOUBLE, 0, c->comm);
+  if (c->rank == 0 && rss_all)
+    for (int r = 0; r < c->size; r++) printf("rank %d: peak resident memory %.1f MiB\n", r, rss_all[r]);
+  free(rss_all);
+  if (c->size == 1) {
+    free(all);
+    return;
+  }
   MPI_Gather(st, (int)sizeof *st, MPI_BYTE, all, (int)sizeof *st, MPI_BYTE, 0, c->comm);
   if (c->rank == 0 && all) {
     printf("%-22s %4s %14s %14s %9s %10s\n", "message kind", "rank", "bytes sent", "bytes recv", "messages",
@@ -46,7 +60,8 @@ int cmd_run(cli_ctx *c, int argc, char **argv) {
   int k = job_common_opts(&o, opts, JOB_CMD_RUN);
   opts[k++] = (cli_opt){"output", "FILE", "where rank 0 writes the results (required)", &output, NULL};
   opts[k++] = (cli_opt){"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL};
-  opts[k++] = (cli_opt){"stats", NULL, "print bytes and time per message kind and rank (CP)", NULL, &stats};
+  opts[k++] = (cli_opt){"stats", NULL, "print each rank's peak memory, and bytes and time per message kind (CP)", NULL,
+                        &stats};
   opts[k++] = (cli_opt){"naive", NULL, "use the naive reference path for every operator and product", NULL, &naive};
   opts[k++] = (cli_opt){"quiet", NULL, "print nothing on success (no summary line, no progress)", NULL, &quiet};
   opts[k] = (cli_opt){0};
@@ -75,13 +90,14 @@ int cmd_run(cli_ctx *c, int argc, char **argv) {
   progress_phases(&prog, 2, phases, starts);
   job_result r;
   dsv4_cp_stats st = {0};
+  j.keep_local = 1; /* job_write streams every rank's rows to rank 0 */
   job_execute(c, &j, 1, naive ? JOB_NAIVE : JOB_FAST, &r, &st);
   if (!cli_sync(c)) {
     progress_at(&prog, "writing", 1);
     job_write(c, &j, &r, output);
     if (!cli_sync(c)) {
       progress_stop(&prog);
-      if (stats && c->size > 1) print_stats(c, &st);
+      if (stats) print_stats(c, &st);
       if (!quiet) {
         char bwd[64] = "";
         if (j.dout) snprintf(bwd, sizeof bwd, " + backward %.3f s", r.bwd_seconds);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "util/err.h"
 
 static const char *USAGE =
     "usage: dsv4cp <command> [options]     (under mpirun -np N the work is split over N ranks)\n"
@@ -21,6 +22,7 @@ static const char *USAGE =
     "  bench   the benchmark report (also: make bench)\n"
     "  plan    bytes per message kind and resident memory per rank, from the formulas in docs/\n"
     "  info    version, BLAS kernels, threads, and whether CP results can be bitwise equal\n"
+    "  weights the tensors a layer needs from a checkpoint (sharded, FP8): list, load and check, export\n"
     "\n"
     "Run 'dsv4cp <command> --help' for a command's options.";
 
@@ -51,12 +53,13 @@ int main(int argc, char **argv) {
     int (*fn)(cli_ctx *, int, char **);
   } cmds[] = {{"run", cmd_run},     {"demo", cmd_demo},   {"check", cmd_check},
               {"train", cmd_train}, {"bench", cmd_bench}, {"plan", cmd_plan},
-              {"info", cmd_info}};
+              {"info", cmd_info},   {"weights", cmd_weights}};
   int (*fn)(cli_ctx *, int, char **) = NULL;
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(argv[1], cmds[i].name)) fn = cmds[i].fn;
   if (!fn) {
-    fprintf(stderr, "dsv4cp: error: unknown command '%s' (see dsv4cp --help)\n", argv[1]);
+    char e[256];
+    fprintf(stderr, "dsv4cp: error: unknown command '%s' (see dsv4cp --help)\n", dsv4_escape(e, sizeof e, argv[1]));
     return 2;
   }
   int provided = 0;
@@ -65,6 +68,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(c.comm, &c.rank);
   MPI_Comm_size(c.comm, &c.size);
   MPI_Comm_dup(MPI_COMM_WORLD, &c.sync_comm);
+  cli_install_signal_cleanup(); /* after MPI_Init, so that ours are the handlers in place */
   int rc = fn(&c, argc, argv);
   MPI_Comm_free(&c.sync_comm);
   MPI_Finalize();

@@ -249,21 +249,21 @@ void job_reshard(cli_ctx *c, job *j, int rank, int size) {
   cli_lib(c, dsv4_cp_shard_rows(&j->pk, &j->cp, rank, size, j->rows, &j->n));
 }
 
-/* Reads a [T, d]-sized float tensor and keeps this rank's rows. */
+/* This rank's rows of a [T, d]-sized float tensor, read run by run (byte ranges of the file: the
+ * whole tensor is never read, so each rank's input memory falls as 1/N). */
 static float *read_rows(cli_ctx *c, job *j, dsv4_st_file *f, const dsv4_st_info *t, const char *what) {
   const int64_t d = j->cfg.dim;
-  float *full = malloc(sizeof(float) * (size_t)(j->T * d)), *mine = malloc(sizeof(float) * (size_t)(j->n * d + 1));
-  if (!full || !mine) {
+  float *mine = malloc(sizeof(float) * (size_t)(j->n * d + 1));
+  if (!mine) {
     cli_error(c, "out of memory reading %s", what);
-  } else if (!cli_lib(c, dsv4_st_read_f32(f, t, full))) {
-    for (int64_t i = 0; i < j->n; i++) memcpy(mine + i * d, full + j->rows[i] * d, sizeof(float) * (size_t)d);
-    for (int64_t i = 0; i < j->n * d; i++)
-      if (!isfinite(mine[i])) {
-        cli_error(c, "%s has a non-finite value at row %lld", what, (long long)j->rows[i / d]);
-        break;
-      }
+    return NULL;
   }
-  free(full);
+  for (int64_t i = 0, e; i < j->n && !c->err[0]; i = e) {
+    for (e = i + 1; e < j->n && j->rows[e] == j->rows[e - 1] + 1; e++) {}
+    cli_lib(c, dsv4_st_read_f32_range(f, t, j->rows[i] * d, (e - i) * d, mine + i * d));
+  }
+  for (int64_t i = 0; i < j->n * d && !c->err[0]; i++)
+    if (!isfinite(mine[i])) cli_error(c, "%s has a non-finite value at row %lld", what, (long long)j->rows[i / d]);
   if (c->err[0]) {
     free(mine);
     mine = NULL;
@@ -375,33 +375,148 @@ void job_check_output_path(cli_ctx *c, const char *path) {
   free(copy);
 }
 
+/* ---- streaming the results to rank 0's file ------------------------------------------------
+ * The file holds out, topk_ids and dx in global row order; every rank holds its own rows. Rank 0's
+ * writer asks for STREAM_CHUNK_BYTES of rows at a time; each piece of the chunk comes from the rank
+ * that owns it (rank 0 copies its own), and every other rank walks the same chunks and sends its
+ * pieces in the same order. Rank 0 never holds more than its own rows and one chunk. */
+#define STREAM_CHUNK_BYTES (64u << 20)
+
+typedef struct {
+  int64_t g0, len, lo; /* global rows [g0, g0 + len) held by `rank` at its local rows lo.. */
+  int rank;
+} owner_run;
+
+typedef struct {
+  cli_ctx *c;
+  const job *j;
+  owner_run *runs;     /* every rank's runs, sorted by g0 */
+  int n_runs;
+  const void *local;   /* this rank's rows of the tensor being written */
+  size_t row_bytes;
+} stream_ctx;
+
+static int cmp_run(const void *a, const void *b) {
+  const owner_run *x = a, *y = b;
+  return (x->g0 > y->g0) - (x->g0 < y->g0);
+}
+
+/* Every rank's runs of consecutive global rows (from the shard rule; no messages). */
+static int owner_runs(cli_ctx *c, const job *j, owner_run **out, int *n_out) {
+  int64_t *rows = malloc(sizeof(int64_t) * (size_t)(j->n + 1)), n = 0;
+  owner_run *v = NULL;
+  int cnt = 0, cap = 0;
+  if (!rows) return cli_error(c, "out of memory"), 1;
+  for (int q = 0; q < c->size; q++) {
+    if (cli_lib(c, dsv4_cp_shard_rows(&j->pk, &j->cp, q, c->size, rows, &n))) break;
+    for (int64_t i = 0, e; i < n; i = e) {
+      for (e = i + 1; e < n && rows[e] == rows[e - 1] + 1; e++) {}
+      if (cnt == cap) {
+        owner_run *bigger = realloc(v, sizeof *v * (size_t)(cap = cap ? 2 * cap : 64));
+        if (!bigger) {
+          cli_error(c, "out of memory");
+          break;
+        }
+        v = bigger;
+      }
+      v[cnt++] = (owner_run){rows[i], e - i, i, q};
+    }
+  }
+  free(rows);
+  if (c->err[0]) return free(v), 1;
+  qsort(v, (size_t)cnt, sizeof *v, cmp_run);
+  *out = v;
+  *n_out = cnt;
+  return 0;
+}
+
+/* The pieces of rows [r0, r0 + n): on rank 0 into dst (receiving what others own); on the others,
+ * sending what they own. The same walk on every rank, so the messages pair up in order. */
+static dsv4_status stream_rows(void *vctx, int64_t r0, int64_t n, void *dst) {
+  stream_ctx *s = vctx;
+  const cli_ctx *c = s->c;
+  for (int i = 0; i < s->n_runs; i++) {
+    const owner_run *o = &s->runs[i];
+    const int64_t a = o->g0 > r0 ? o->g0 : r0, b = o->g0 + o->len < r0 + n ? o->g0 + o->len : r0 + n;
+    if (a >= b) continue;
+    const char *src = (const char *)s->local + (size_t)(o->lo + a - o->g0) * s->row_bytes;
+    const size_t bytes = (size_t)(b - a) * s->row_bytes;
+    if (c->rank == 0) {
+      char *to = (char *)dst + (size_t)(a - r0) * s->row_bytes;
+      if (o->rank == 0) memcpy(to, src, bytes);
+      else MPI_Recv(to, (int)bytes, MPI_BYTE, o->rank, 1, c->comm, MPI_STATUS_IGNORE);
+    } else if (o->rank == c->rank) {
+      MPI_Send(src, (int)bytes, MPI_BYTE, 0, 1, c->comm);
+    }
+  }
+  return DSV4_OK;
+}
+
+/* Rows per chunk of a tensor whose rows are row_bytes (the same on every rank). */
+static int64_t chunk_rows(size_t row_bytes) {
+  const int64_t r = (int64_t)(STREAM_CHUNK_BYTES / row_bytes);
+  return r > 0 ? r : 1;
+}
+
 void job_grad_name(const job *j, const char *short_name, char *buf, size_t n) {
   snprintf(buf, n, "grad.%s%s", dsv4_weights_prefix(j->w), short_name);
 }
 
 void job_write(cli_ctx *c, const job *j, const job_result *r, const char *path) {
-  if (c->rank != 0) return;
-  dsv4_st_writer *w = NULL;
   const int64_t d = j->cfg.dim, k = j->cfg.index_topk;
   int64_t xshape[3] = {j->x_ndim == 3 ? j->B : j->T, j->x_ndim == 3 ? j->S : d, d};
   int64_t tshape[2] = {j->T, k}, one = 1;
-  char names[64][160];
-  if (cli_lib(c, dsv4_st_writer_create(&w))) return;
-  int bad = cli_lib(c, dsv4_st_writer_add(w, "out", DSV4_DT_F32, j->x_ndim, xshape, r->out));
-  if (!bad && r->topk) bad = cli_lib(c, dsv4_st_writer_add(w, "topk_ids", DSV4_DT_I32, 2, tshape, r->topk));
-  if (!bad && j->ratio == 4)
-    bad = cli_lib(c, dsv4_st_writer_add(w, "indexer_loss", DSV4_DT_F32, 1, &one, &r->loss));
-  if (!bad && r->dx) bad = cli_lib(c, dsv4_st_writer_add(w, "dx", DSV4_DT_F32, j->x_ndim, xshape, r->dx));
-  if (!bad && r->grads) {
-    for (int i = 0; i < dsv4_weights_count(r->grads) && i < 64 && !bad; i++) {
-      dsv4_tensor t;
-      dsv4_weights_get(r->grads, i, &t);
-      job_grad_name(j, t.name, names[i], sizeof names[i]);
+  stream_ctx ctx[3] = {{0}};
+  dsv4_st_writer *w = NULL;
+  char **names = NULL;
+  const int n_grads = r->grads ? dsv4_weights_count(r->grads) : 0;
+  int n_runs = 0;
+  owner_run *runs = NULL;
+  if (owner_runs(c, j, &runs, &n_runs)) { /* global values only: every rank fails alike */
+    cli_abort(c);
+    return;
+  }
+  const void *locals[3] = {r->out, r->topk, r->dx};
+  const size_t row_bytes[3] = {sizeof(float) * (size_t)d, sizeof(int32_t) * (size_t)k, sizeof(float) * (size_t)d};
+  for (int t = 0; t < 3; t++) ctx[t] = (stream_ctx){c, j, runs, n_runs, locals[t], row_bytes[t]};
+  if (c->rank != 0) { /* the senders: the same chunks, in the order rank 0's writer asks for them */
+    for (int t = 0; t < 3; t++) {
+      if (!locals[t]) continue;
+      const int64_t per = chunk_rows(row_bytes[t]);
+      for (int64_t r0 = 0; r0 < j->T; r0 += per) stream_rows(&ctx[t], r0, j->T - r0 < per ? j->T - r0 : per, NULL);
+    }
+    free(runs);
+    return;
+  }
+  int bad = cli_lib(c, dsv4_st_writer_create(&w));
+  if (!bad && !(names = calloc((size_t)n_grads + 1, sizeof *names))) bad = (cli_error(c, "out of memory"), 1);
+  if (!bad)
+    bad = cli_lib(c, dsv4_st_writer_add_rows(w, "out", DSV4_DT_F32, j->x_ndim, xshape, chunk_rows(row_bytes[0]),
+                                             stream_rows, &ctx[0]));
+  if (!bad && r->topk)
+    bad = cli_lib(c, dsv4_st_writer_add_rows(w, "topk_ids", DSV4_DT_I32, 2, tshape, chunk_rows(row_bytes[1]),
+                                             stream_rows, &ctx[1]));
+  if (!bad && j->ratio == 4) bad = cli_lib(c, dsv4_st_writer_add(w, "indexer_loss", DSV4_DT_F32, 1, &one, &r->loss));
+  if (!bad && r->dx)
+    bad = cli_lib(c, dsv4_st_writer_add_rows(w, "dx", DSV4_DT_F32, j->x_ndim, xshape, chunk_rows(row_bytes[2]),
+                                             stream_rows, &ctx[2]));
+  for (int i = 0; i < n_grads && !bad; i++) {
+    dsv4_tensor t;
+    const char *prefix = dsv4_weights_prefix(j->w);
+    bad = cli_lib(c, dsv4_weights_get(r->grads, i, &t));
+    const size_t len = bad ? 0 : strlen(prefix) + strlen(t.name) + 8;
+    if (!bad && !(names[i] = malloc(len))) bad = (cli_error(c, "out of memory"), 1);
+    if (!bad) {
+      job_grad_name(j, t.name, names[i], len);
       bad = cli_lib(c, dsv4_st_writer_add(w, names[i], DSV4_DT_F32, t.ndim, t.shape, t.data));
     }
   }
-  if (!bad) cli_lib(c, dsv4_st_writer_save(w, path));
+  /* the other ranks are sending (or about to): a failure here cannot be reported by cli_sync */
+  if (bad || cli_lib(c, dsv4_st_writer_save(w, path))) cli_abort(c);
   dsv4_st_writer_free(w);
+  for (int i = 0; names && i < n_grads; i++) free(names[i]);
+  free(names);
+  free(runs);
 }
 
 void job_result_free(job_result *r) {
@@ -440,7 +555,7 @@ void job_execute(cli_ctx *c, job *j, int cp, job_path path, job_result *r, dsv4_
   int32_t *topk = NULL;
   dsv4_weights *grads = NULL;
   const int64_t d = j->cfg.dim, k = j->cfg.index_topk, n = j->n;
-  const int full = c->rank == 0, use_cp = cp && c->size > 1;
+  const int use_cp = cp && c->size > 1;
   memset(r, 0, sizeof *r);
   if (job_make_layer(c, j, cp, &l, &comm)) goto done;
   dsv4_layer_set_impl(l, path == JOB_NAIVE ? DSV4_IMPL_NAIVE : DSV4_IMPL_FAST);
@@ -474,14 +589,23 @@ void job_execute(cli_ctx *c, job *j, int cp, job_path path, job_result *r, dsv4_
   r->fwd_seconds = times[0];
   r->bwd_seconds = times[1];
   if (stats && use_cp) dsv4_cp_get_stats(dsv4_layer_core(l), stats);
-  if (full) {
-    r->out = malloc(sizeof(float) * (size_t)(j->T * d));
-    r->topk = topk ? malloc(sizeof(int32_t) * (size_t)(j->T * k)) : NULL;
-    r->dx = dx ? malloc(sizeof(float) * (size_t)(j->T * d)) : NULL;
+  if (!j->keep_local) { /* the whole result on rank 0 (check, demo) */
+    const int full = c->rank == 0;
+    float *fo = full ? malloc(sizeof(float) * (size_t)(j->T * d + 1)) : NULL;
+    int32_t *ft = full && topk ? malloc(sizeof(int32_t) * (size_t)(j->T * k + 1)) : NULL;
+    float *fd = full && dx ? malloc(sizeof(float) * (size_t)(j->T * d + 1)) : NULL;
+    if (full && (!fo || (topk && !ft) || (dx && !fd))) { /* the others send next: stop the job */
+      cli_error(c, "out of memory for the gathered results on rank 0 (%lld rows)", (long long)j->T);
+      cli_abort(c);
+    }
+    job_gather_rows(c, j, out, d, sizeof(float), fo);
+    if (topk) job_gather_rows(c, j, topk, k, sizeof(int32_t), ft);
+    if (dx) job_gather_rows(c, j, dx, d, sizeof(float), fd);
+    free(out), free(topk), free(dx);
+    out = fo, topk = ft, dx = fd;
   }
-  job_gather_rows(c, j, out, d, sizeof(float), r->out);
-  if (topk) job_gather_rows(c, j, topk, k, sizeof(int32_t), r->topk);
-  if (dx) job_gather_rows(c, j, dx, d, sizeof(float), r->dx);
+  r->out = out, r->topk = topk, r->dx = dx;
+  out = NULL, topk = NULL, dx = NULL;
   r->grads = grads;
   grads = NULL;
 done:

@@ -29,6 +29,8 @@ typedef struct {
   int64_t *rows;       /* [n] global row of each local row */
   float *x;            /* [n, d] */
   float *dout;         /* [n, d] or NULL */
+  int keep_local;      /* job_execute leaves this rank's rows in the result (for job_write) instead of
+                          gathering the whole result on rank 0 */
 } job;
 
 /* The commands that share the job options. They read slightly different subsets (train builds its
@@ -48,10 +50,11 @@ void job_free(job *j);
 /* Rank 0 receives full[T, width] from every rank's local rows (placed by global row). Collective. */
 void job_gather_rows(cli_ctx *c, const job *j, const void *local, int64_t width, size_t elem, void *full);
 
-/* Results of one run, full size on rank 0. */
+/* Results of one run: full size on rank 0 (NULL elsewhere), or this rank's rows when
+ * job.keep_local is set. */
 typedef struct {
-  float *out, *dx;        /* [T, d] */
-  int32_t *topk;          /* [T, k] or NULL */
+  float *out, *dx;        /* [T, d] or [n, d] */
+  int32_t *topk;          /* [T, k] or [n, k], or NULL */
   float loss;             /* indexer loss (r == 4) */
   dsv4_weights *grads;    /* rank-summed, or NULL */
   double fwd_seconds, bwd_seconds; /* wall time of the layer calls (max over ranks) */
@@ -80,7 +83,9 @@ void job_diff(const float *a, const float *b, int64_t n, double *max_diff, doubl
  * the weights file has it (SPEC 7), e.g. grad.layers.2.attn.wq_a.weight. */
 void job_grad_name(const job *j, const char *short_name, char *buf, size_t n);
 
-/* Writes out.safetensors on rank 0 with the names of SPEC 7. */
+/* Writes out.safetensors with the names of SPEC 7. Collective: every rank streams its rows of out,
+ * topk_ids and dx (job.keep_local results) to rank 0's writer, which never holds more than its own
+ * rows and one 64 MiB chunk. A failure while the others are sending aborts the job. */
 void job_write(cli_ctx *c, const job *j, const job_result *r, const char *path);
 /* Rank 0: the output file can be created (so a long run does not fail at the very end). */
 void job_check_output_path(cli_ctx *c, const char *path);

@@ -33,6 +33,7 @@ class Config(ctypes.Structure):
         ("rope_orig_max_pos", c_double), ("beta_fast", c_double), ("beta_slow", c_double),
         ("eps", c_double), ("index_loss_coeff", c_double),
         ("index_loss_mode", c_int),
+        ("n_hidden_layers", c_int), ("fp8_block", c_int * 2),
     ]
 
 

@@ -137,17 +137,23 @@ dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_pa
   DSV4_TRY(dsv4_shard_segments(pk, cp ? cp->split : DSV4_SPLIT_CONTIGUOUS, rank, size, &segs, &ns));
   DSV4_TRY(dsv4_layout_build(&p.lays[0], &p.docs, segs, ns, cfg->window, size > 1));
   const dsv4_layout *l = &p.lays[0];
-  int64_t nw = 0, max_doc = 1;
+  int64_t nw = 0, pos_lo = INT64_MAX, pos_hi = 0;
   DSV4_TRY(dsv4_weights_numel(cfg, layer, &nw));
-  for (int i = 0; i < p.docs.n_docs; i++)
-    if (p.docs.cu[i + 1] - p.docs.cu[i] > max_doc) max_doc = p.docs.cu[i + 1] - p.docs.cu[i];
+  for (int s = 0; s < l->n_seg; s++) { /* the RoPE positions this rank uses (dsv4_core_reserve_rope) */
+    int64_t a, b;
+    dsv4_docs_pos_range(&p.docs, l->seg[s].g0, l->seg[s].len, &a, &b);
+    pos_lo = a < pos_lo ? a : pos_lo;
+    pos_hi = b > pos_hi ? b : pos_hi;
+  }
+  pos_lo = pos_lo - 2 * r > 0 ? pos_lo - 2 * r : 0;
   const uint64_t n = (uint64_t)l->n, d = (uint64_t)cfg->dim, k = (uint64_t)cfg->index_topk;
   out->weights = out->grads = sizeof(float) * (uint64_t)nw;
   out->saved = dsv4_saved_bytes_formula(cfg, r, l->n, l->R_kv, size > 1, r > 0 ? l->R_c : 0, l->n_own,
                                         p.docs.n_cmp, recompute);
   out->replicated = sizeof(float) * (uint64_t)p.docs.n_cmp *
                     (uint64_t)(r > 0 ? cfg->head_dim + (r == 4 ? cfg->index_head_dim : 0) : 0);
-  out->transient = dsv4_transient_bytes_formula(cfg, r, l, p.docs.n_cmp, max_doc, recompute, opts ? opts->threads : 1);
+  out->transient = dsv4_transient_bytes_formula(cfg, r, l, p.docs.n_cmp, pos_hi - pos_lo, recompute,
+                                                opts ? opts->threads : 1);
   out->io = n * (4 * d * sizeof(float) + (r == 4 ? k * sizeof(int32_t) : 0));
   out->total = out->weights + out->grads + out->saved + out->transient + out->io;
 fail:

@@ -20,12 +20,18 @@ dsv4_status dsv4_shard_segments(const dsv4_packing *pk, dsv4_split split, int ra
   int64_t units = 1, U = pk->T;
   if (pk->batched && pk->cu_seqlens && pk->n_docs > 1) {
     units = pk->n_docs;
-    U = pk->cu_seqlens[1];
+    U = (int64_t)pk->cu_seqlens[1] - pk->cu_seqlens[0];
+    DSV4_CHECK(pk->cu_seqlens[0] == 0 && U > 0, DSV4_ERR_ARG,
+               "batched input: cu_seqlens must start at 0 with a positive sequence length (got %d, %d)",
+               pk->cu_seqlens[0], pk->cu_seqlens[1]);
     for (int i = 0; i < pk->n_docs; i++)
-      DSV4_CHECK(pk->cu_seqlens[i + 1] - pk->cu_seqlens[i] == U, DSV4_ERR_ARG,
-                 "batched input: sequence %d has length %d, expected %lld", i,
-                 pk->cu_seqlens[i + 1] - pk->cu_seqlens[i], (long long)U);
+      DSV4_CHECK((int64_t)pk->cu_seqlens[i + 1] - pk->cu_seqlens[i] == U, DSV4_ERR_ARG,
+                 "batched input: sequence %d has length %lld, expected %lld", i,
+                 (long long)pk->cu_seqlens[i + 1] - pk->cu_seqlens[i], (long long)U);
+    DSV4_CHECK(units * U == pk->T, DSV4_ERR_ARG, "batched input: %lld sequences of %lld tokens, but T = %lld",
+               (long long)units, (long long)U, (long long)pk->T);
   }
+  if (size == 1) split = DSV4_SPLIT_CONTIGUOUS; /* one rank holds everything, whatever the split */
   const int pieces = split == DSV4_SPLIT_ZIGZAG ? 2 * size : size;
   const char *what = units > 1 ? "the sequence length S" : "T";
   DSV4_CHECK(U % pieces == 0, DSV4_ERR_ARG,

@@ -17,10 +17,10 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "util/err.h"
+#include "util/fileio.h"
 
 /* safetensors data is little-endian; tensors are read and written with memcpy, no byte swapping. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors.c assumes a little-endian host");
@@ -30,14 +30,28 @@ _Static_assert(sizeof(off_t) == 8, "safetensors.c needs 64-bit file offsets");
 #define CHUNK_BYTES (1u << 20)        /* staging buffer for dtype conversions */
 #define MAX_EXACT_INT 9007199254740992.0 /* 2^53: larger JSON numbers are not exact in a double */
 
-static const struct { const char *name; int size; } dtypes[] = {
-    [DSV4_DT_F32] = {"F32", 4}, [DSV4_DT_BF16] = {"BF16", 2}, [DSV4_DT_F16] = {"F16", 2},
-    [DSV4_DT_I32] = {"I32", 4}, [DSV4_DT_F64] = {"F64", 8},   [DSV4_DT_I64] = {"I64", 8}};
+/* Every dtype of the safetensors spec with its size in bits (F4 and F6 pack several per byte).
+ * The first DSV4_DT_OTHER entries are in dsv4_dtype order. */
+static const struct { const char *name; int bits; } dtypes[] = {
+    [DSV4_DT_F32] = {"F32", 32},       [DSV4_DT_BF16] = {"BF16", 16},    [DSV4_DT_F16] = {"F16", 16},
+    [DSV4_DT_I32] = {"I32", 32},       [DSV4_DT_F64] = {"F64", 64},      [DSV4_DT_I64] = {"I64", 64},
+    [DSV4_DT_F8_E4M3] = {"F8_E4M3", 8}, [DSV4_DT_F8_E8M0] = {"F8_E8M0", 8},
+    {"BOOL", 8}, {"U8", 8}, {"I8", 8}, {"F8_E5M2", 8}, {"U16", 16}, {"I16", 16}, {"U32", 32}, {"U64", 64},
+    {"C64", 64}, {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"F4", 4}};
 #define N_DTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
-/* Valid safetensors dtypes this library does not handle: a file holding them is refused. */
-static const char *const other_dtypes[] = {"BOOL", "U8", "I8", "U16", "I16", "U32", "U64",
-                                           "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2",
-                                           "F4", "C64"};
+
+/* Temporary files of saves in progress, for dsv4_st_remove_pending (a signal handler). A slot is
+ * claimed with a compare-and-swap, filled, then published; the handler touches only published
+ * slots. Like the last-error buffer, this is process state the library cannot avoid: a handler
+ * has no other way to find the file. */
+#define PENDING_SLOTS 8
+#define PENDING_PATH 4096
+enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY };
+static struct {
+  atomic_int state;
+  char path[PENDING_PATH];
+} pending[PENDING_SLOTS];
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the pending-file registry needs lock-free atomics (signal safety)");
 
 struct dsv4_st_file {
   char *path;
@@ -50,7 +64,10 @@ struct dsv4_st_file {
 
 typedef struct {
   dsv4_st_info t;           /* begin/end are the offsets the tensor gets in the file */
-  const void *data;         /* borrowed */
+  const void *data;         /* borrowed; NULL for a tensor whose rows come from fill */
+  dsv4_st_fill_fn fill;     /* dsv4_st_writer_add_rows */
+  void *fill_ctx;
+  int64_t rows_per_call;
 } writer_entry;
 
 struct dsv4_st_writer {
@@ -61,10 +78,10 @@ struct dsv4_st_writer {
 /* ----------------------------------------------------------------------------------------- */
 /* dtypes and fp conversions                                                                  */
 
-/* Name and element size of a dtype ("?" / 0 when out of range). */
-static int dtype_ok(dsv4_dtype dt) { return (int)dt >= 0 && (int)dt < N_DTYPES; }
+/* Name and element size in bytes of a dtype ("?" / 0 for DSV4_DT_OTHER and out of range). */
+static int dtype_ok(dsv4_dtype dt) { return (int)dt >= 0 && dt < DSV4_DT_OTHER; }
 const char *dsv4_dtype_name(dsv4_dtype dt) { return dtype_ok(dt) ? dtypes[dt].name : "?"; }
-int dsv4_dtype_size(dsv4_dtype dt) { return dtype_ok(dt) ? dtypes[dt].size : 0; }
+int dsv4_dtype_size(dsv4_dtype dt) { return dtype_ok(dt) ? dtypes[dt].bits / 8 : 0; }
 
 static float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static uint32_t bits_from_f32(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -111,6 +128,24 @@ uint16_t dsv4_f32_to_f16(float f) {
   return sign | (uint16_t)q;
 }
 
+/* E4M3 from its bits, building the fp32 bit pattern (exact: 4 significant bits, exponents well
+ * inside fp32's range). Subnormal m * 2^-9 is normalised: with p the top set bit of m, the value is
+ * (1 + (m - 2^p) / 2^p) * 2^(p-9). */
+float dsv4_e4m3_to_f32(uint8_t b) {
+  const uint32_t sign = (uint32_t)(b >> 7) << 31, e = (b >> 3) & 15, m = b & 7;
+  if (e == 15 && m == 7) return f32_from_bits(sign | 0x7fc00000u);
+  if (e != 0) return f32_from_bits(sign | ((e + 120) << 23) | (m << 20)); /* (8+m) 2^(e-10) = (1+m/8) 2^(e-7) */
+  if (m == 0) return f32_from_bits(sign);
+  const uint32_t p = m >= 4 ? 2 : m >= 2 ? 1 : 0;
+  return f32_from_bits(sign | ((p + 118) << 23) | ((m - (1u << p)) << (23 - p)));
+}
+
+/* E8M0 from its bits: exponent field b (b >= 1); b = 0 is the subnormal 2^-127 = 0x00400000. */
+float dsv4_e8m0_to_f32(uint8_t b) {
+  if (b == 255) return f32_from_bits(0x7fc00000u);
+  return f32_from_bits(b ? (uint32_t)b << 23 : 0x00400000u);
+}
+
 /* ----------------------------------------------------------------------------------------- */
 /* reader                                                                                     */
 
@@ -139,7 +174,7 @@ static int json_uint(const cJSON *j, uint64_t *v) {
 }
 
 /* Formats a shape as "[4, 8]". */
-static const char *shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
+const char *dsv4_st_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
   size_t k = (size_t)snprintf(buf, cap, "[");
   for (int d = 0; d < ndim && k < cap; d++)
     k += (size_t)snprintf(buf + k, cap - k, "%s%" PRId64, d ? ", " : "", shape[d]);
@@ -158,15 +193,14 @@ static dsv4_status parse_entry(const char *path, const cJSON *e, dsv4_st_info *t
   const cJSON *jo = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
   DSV4_CHECK(cJSON_IsString(jd), DSV4_ERR_FORMAT, "%s: tensor '%s': missing or non-string \"dtype\"",
              path, nm);
+  /* any dtype is accepted here (a needed tensor's dtype is checked when it is read); the spec's
+   * dtypes get the full size check, an unknown name only the bounds and overlap checks */
   int dt = -1;
-  for (int i = 0; i < N_DTYPES; i++)
+  for (int i = 0; i < N_DTYPES && dt < 0; i++)
     if (!strcmp(jd->valuestring, dtypes[i].name)) dt = i;
-  for (size_t i = 0; dt < 0 && i < sizeof other_dtypes / sizeof *other_dtypes; i++)
-    DSV4_CHECK(strcmp(jd->valuestring, other_dtypes[i]), DSV4_ERR_UNSUPPORTED,
-               "%s: tensor '%s': dtype %s is not supported (F32, BF16, F16, F64, I32, I64 are)",
-               path, nm, jd->valuestring);
-  DSV4_CHECK(dt >= 0, DSV4_ERR_FORMAT, "%s: tensor '%s': unknown dtype \"%.40s\"", path, nm, jd->valuestring);
-  t->dtype = (dsv4_dtype)dt;
+  const int bits = dt >= 0 ? dtypes[dt].bits : 0;
+  t->dtype = dt >= 0 && dt < DSV4_DT_OTHER ? (dsv4_dtype)dt : DSV4_DT_OTHER;
+  snprintf(t->dtype_name, sizeof t->dtype_name, "%s", jd->valuestring);
 
   DSV4_CHECK(cJSON_IsArray(js), DSV4_ERR_FORMAT, "%s: tensor '%s': missing or non-array \"shape\"", path, nm);
   t->ndim = cJSON_GetArraySize(js);
@@ -180,12 +214,15 @@ static dsv4_status parse_entry(const char *path, const cJSON *e, dsv4_st_info *t
     t->shape[d] = (int64_t)v;
     DSV4_CHECK(!__builtin_mul_overflow(t->numel, t->shape[d], &t->numel), DSV4_ERR_FORMAT,
                "%s: tensor '%s': shape %s has too many elements", path, nm,
-               shape_str(sbuf, sizeof sbuf, t->shape, d + 1));
+               dsv4_st_shape_str(sbuf, sizeof sbuf, t->shape, d + 1));
   }
-  shape_str(sbuf, sizeof sbuf, t->shape, t->ndim);
-  int64_t nbytes;
-  DSV4_CHECK(!__builtin_mul_overflow(t->numel, (int64_t)dtypes[dt].size, &nbytes), DSV4_ERR_FORMAT,
+  dsv4_st_shape_str(sbuf, sizeof sbuf, t->shape, t->ndim);
+  int64_t nbits;
+  DSV4_CHECK(!__builtin_mul_overflow(t->numel, (int64_t)bits, &nbits), DSV4_ERR_FORMAT,
              "%s: tensor '%s': shape %s is too large", path, nm, sbuf);
+  DSV4_CHECK(nbits % 8 == 0, DSV4_ERR_FORMAT, "%s: tensor '%s': %s of shape %s does not fill whole bytes", path,
+             nm, t->dtype_name, sbuf);
+  const int64_t nbytes = nbits / 8;
 
   DSV4_CHECK(cJSON_IsArray(jo) && cJSON_GetArraySize(jo) == 2 && json_uint(jo->child, &t->begin) &&
              json_uint(jo->child->next, &t->end), DSV4_ERR_FORMAT,
@@ -195,9 +232,9 @@ static dsv4_status parse_entry(const char *path, const cJSON *e, dsv4_st_info *t
   DSV4_CHECK(t->end <= data_size, DSV4_ERR_FORMAT, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
              "] past the end of the data area (%" PRIu64 " bytes; file truncated?)", path, nm, t->begin,
              t->end, data_size);
-  DSV4_CHECK(t->end - t->begin == (uint64_t)nbytes, DSV4_ERR_FORMAT, "%s: tensor '%s': data_offsets [%"
+  DSV4_CHECK(dt < 0 || t->end - t->begin == (uint64_t)nbytes, DSV4_ERR_FORMAT, "%s: tensor '%s': data_offsets [%"
              PRIu64 ", %" PRIu64 "] do not match dtype %s and shape %s (%" PRId64 " bytes)",
-             path, nm, t->begin, t->end, dtypes[dt].name, sbuf, nbytes);
+             path, nm, t->begin, t->end, t->dtype_name, sbuf, nbytes);
 fail:
   return rc;
 }
@@ -227,12 +264,8 @@ dsv4_status dsv4_st_open(dsv4_st_file **out, const char *path) {
   f->fd = -1;
   f->path = strdup(path);
   DSV4_CHECK(f->path, DSV4_ERR_NOMEM, "%s: out of memory", path);
-  f->fd = open(path, O_RDONLY | O_CLOEXEC);
-  DSV4_CHECK(f->fd >= 0, DSV4_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-  struct stat st;
-  DSV4_CHECK(fstat(f->fd, &st) == 0, DSV4_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-  DSV4_CHECK(S_ISREG(st.st_mode), DSV4_ERR_IO, "%s: not a regular file", path);
-  uint64_t fsize = (uint64_t)st.st_size, hlen = 0;
+  uint64_t fsize = 0, hlen = 0;
+  DSV4_TRY(dsv4_open_regular(path, &f->fd, &fsize));
   DSV4_CHECK(fsize >= 8, DSV4_ERR_FORMAT, "%s: file is %" PRIu64 " bytes, too short for a safetensors "
              "header", path, fsize);
   unsigned char len8[8];
@@ -323,24 +356,33 @@ const dsv4_st_info *dsv4_st_find(const dsv4_st_file *f, const char *name) {
 }
 
 /* Reads t into dst as fp32 (as_int 0) or int32 (as_int 1), converting in chunks where needed. */
-static dsv4_status read_tensor(dsv4_st_file *f, const dsv4_st_info *t, void *dst, int as_int) {
+/* Elements [e0, e0 + count) of a tensor, converted (as_int: to int32, else to fp32). */
+static dsv4_status read_elems(dsv4_st_file *f, const dsv4_st_info *t, int64_t e0, int64_t count, void *dst,
+                              int as_int) {
   dsv4_status rc = DSV4_OK;
   unsigned char *buf = NULL;
   char what[300];
   DSV4_CHECK(f && t, DSV4_ERR_ARG, "safetensors read: file and tensor must not be NULL");
   DSV4_CHECK((uintptr_t)t >= (uintptr_t)f->info && (uintptr_t)t < (uintptr_t)(f->info + f->n),
              DSV4_ERR_ARG, "%s: tensor info does not belong to this file", f->path);
-  DSV4_CHECK(dst || t->numel == 0, DSV4_ERR_ARG, "%s: tensor '%s': dst is NULL", f->path, t->name);
-  int is_int = t->dtype == DSV4_DT_I32 || t->dtype == DSV4_DT_I64, es = dtypes[t->dtype].size;
-  DSV4_CHECK(is_int == as_int, DSV4_ERR_TENSOR, "%s: tensor '%s' has dtype %s, expected %s", f->path,
-             t->name, dtypes[t->dtype].name, as_int ? "I32 or I64" : "a float dtype (F32, BF16, F16, F64)");
+  DSV4_CHECK(dst || count == 0, DSV4_ERR_ARG, "%s: tensor '%s': dst is NULL", f->path, t->name);
+  DSV4_CHECK(e0 >= 0 && count >= 0 && e0 <= t->numel && count <= t->numel - e0, DSV4_ERR_ARG,
+             "%s: tensor '%s': elements [%" PRId64 ", +%" PRId64 ") are outside its %" PRId64, f->path, t->name, e0,
+             count, t->numel);
+  const int is_int = t->dtype == DSV4_DT_I32 || t->dtype == DSV4_DT_I64;
+  const int is_float = t->dtype == DSV4_DT_F32 || t->dtype == DSV4_DT_BF16 || t->dtype == DSV4_DT_F16 ||
+                       t->dtype == DSV4_DT_F64;
+  DSV4_CHECK(as_int ? is_int : is_float, DSV4_ERR_TENSOR, "%s: tensor '%s' has dtype %s, expected %s", f->path,
+             t->name, t->dtype_name, as_int ? "I32 or I64" : "a float dtype (F32, BF16, F16, F64)");
+  const int es = dsv4_dtype_size(t->dtype);
   snprintf(what, sizeof what, "tensor '%s'", t->name);
-  if (es == 4) return read_at(f, dst, t->end - t->begin, f->data_start + t->begin, what);
+  const uint64_t base = f->data_start + t->begin + (uint64_t)(e0 * es);
+  if (es == 4) return read_at(f, dst, (size_t)(count * es), base, what);
   int64_t per = CHUNK_BYTES / (unsigned)es;
   DSV4_ALLOC(buf, CHUNK_BYTES);
-  for (int64_t i0 = 0; i0 < t->numel; i0 += per) {
-    int64_t n = t->numel - i0 < per ? t->numel - i0 : per;
-    DSV4_TRY(read_at(f, buf, (size_t)(n * es), f->data_start + t->begin + (uint64_t)(i0 * es), what));
+  for (int64_t i0 = 0; i0 < count; i0 += per) {
+    int64_t n = count - i0 < per ? count - i0 : per;
+    DSV4_TRY(read_at(f, buf, (size_t)(n * es), base + (uint64_t)(i0 * es), what));
     float *of = (float *)dst + i0;
     int32_t *oi = (int32_t *)dst + i0;
     for (int64_t i = 0; i < n; i++) {
@@ -354,7 +396,7 @@ static dsv4_status read_tensor(dsv4_st_file *f, const dsv4_st_info *t, void *dst
         default: /* I64 */
           memcpy(&v, buf + 8 * i, 8);
           DSV4_CHECK(v >= INT32_MIN && v <= INT32_MAX, DSV4_ERR_TENSOR, "%s: tensor '%s': I64 element %"
-                     PRId64 " = %" PRId64 " does not fit in int32", f->path, t->name, i0 + i, v);
+                     PRId64 " = %" PRId64 " does not fit in int32", f->path, t->name, e0 + i0 + i, v);
           oi[i] = (int32_t)v;
       }
     }
@@ -366,12 +408,33 @@ fail:
 
 /* F32 / BF16 / F16 / F64 -> fp32. */
 dsv4_status dsv4_st_read_f32(dsv4_st_file *f, const dsv4_st_info *t, float *dst) {
-  return read_tensor(f, t, dst, 0);
+  return read_elems(f, t, 0, t ? t->numel : 0, dst, 0);
+}
+
+/* Elements [e0, e0 + count) -> fp32: a rank's own rows of an input, never the whole tensor. */
+dsv4_status dsv4_st_read_f32_range(dsv4_st_file *f, const dsv4_st_info *t, int64_t e0, int64_t count, float *dst) {
+  return read_elems(f, t, e0, count, dst, 0);
 }
 
 /* I32, or I64 whose values all fit. */
 dsv4_status dsv4_st_read_i32(dsv4_st_file *f, const dsv4_st_info *t, int32_t *dst) {
-  return read_tensor(f, t, dst, 1);
+  return read_elems(f, t, 0, t ? t->numel : 0, dst, 1);
+}
+
+/* Raw bytes [offset, offset + n) of a tensor's data. */
+dsv4_status dsv4_st_read_bytes(dsv4_st_file *f, const dsv4_st_info *t, uint64_t offset, void *dst, size_t n) {
+  dsv4_status rc = DSV4_OK;
+  char what[300];
+  DSV4_CHECK(f && t && (dst || n == 0), DSV4_ERR_ARG, "safetensors read: file, tensor and dst must not be NULL");
+  DSV4_CHECK((uintptr_t)t >= (uintptr_t)f->info && (uintptr_t)t < (uintptr_t)(f->info + f->n),
+             DSV4_ERR_ARG, "%s: tensor info does not belong to this file", f->path);
+  DSV4_CHECK(offset <= t->end - t->begin && n <= t->end - t->begin - offset, DSV4_ERR_ARG,
+             "%s: tensor '%s': bytes [%" PRIu64 ", +%zu) are outside its %" PRIu64 " bytes", f->path, t->name,
+             offset, n, t->end - t->begin);
+  snprintf(what, sizeof what, "tensor '%s'", t->name);
+  rc = read_at(f, dst, n, f->data_start + t->begin + offset, what);
+fail:
+  return rc;
 }
 
 /* ----------------------------------------------------------------------------------------- */
@@ -413,7 +476,7 @@ dsv4_status dsv4_st_writer_add(dsv4_st_writer *w, const char *name, dsv4_dtype d
     DSV4_CHECK(shape[d] >= 0 && !__builtin_mul_overflow(numel, shape[d], &numel), DSV4_ERR_ARG,
                "dsv4_st_writer_add: tensor '%s': shape[%d] = %" PRId64 " is negative or too large",
                name, d, shape[d]);
-  DSV4_CHECK(!__builtin_mul_overflow(numel, (int64_t)dtypes[dtype].size, &nbytes), DSV4_ERR_ARG,
+  DSV4_CHECK(!__builtin_mul_overflow(numel, (int64_t)dsv4_dtype_size(dtype), &nbytes), DSV4_ERR_ARG,
              "dsv4_st_writer_add: tensor '%s': too large", name);
   DSV4_CHECK(data || numel == 0, DSV4_ERR_ARG, "dsv4_st_writer_add: tensor '%s': data is NULL", name);
   for (int i = 0; i < w->n; i++)
@@ -430,10 +493,28 @@ dsv4_status dsv4_st_writer_add(dsv4_st_writer *w, const char *name, dsv4_dtype d
   e->t.name = strdup(name);
   DSV4_CHECK(e->t.name, DSV4_ERR_NOMEM, "dsv4_st_writer_add: out of memory");
   e->t.dtype = dtype, e->t.ndim = ndim, e->t.numel = numel, e->data = data;
+  snprintf(e->t.dtype_name, sizeof e->t.dtype_name, "%s", dsv4_dtype_name(dtype));
   if (ndim) memcpy(e->t.shape, shape, (size_t)ndim * sizeof *shape);
   e->t.begin = w->n ? w->e[w->n - 1].t.end : 0;
   e->t.end = e->t.begin + (uint64_t)nbytes;
   w->n++;
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_st_writer_add_rows(dsv4_st_writer *w, const char *name, dsv4_dtype dtype, int ndim,
+                                    const int64_t *shape, int64_t rows_per_call, dsv4_st_fill_fn fill, void *ctx) {
+  dsv4_status rc = DSV4_OK;
+  static const char placeholder = 0;
+  DSV4_CHECK(fill && rows_per_call > 0 && ndim >= 1 && (dtype == DSV4_DT_F32 || dtype == DSV4_DT_I32), DSV4_ERR_ARG,
+             "dsv4_st_writer_add_rows: tensor '%s': F32 or I32 rows, a fill function and rows_per_call > 0 needed",
+             name ? name : "?");
+  DSV4_TRY(dsv4_st_writer_add(w, name, dtype, ndim, shape, &placeholder));
+  writer_entry *e = &w->e[w->n - 1];
+  e->data = NULL;
+  e->fill = fill;
+  e->fill_ctx = ctx;
+  e->rows_per_call = rows_per_call;
 fail:
   return rc;
 }
@@ -455,7 +536,7 @@ static unsigned char *build_header(const dsv4_st_writer *w, size_t *len) {
   for (int i = 0; ok && i < w->n; i++) {
     const dsv4_st_info *t = &w->e[i].t;
     cJSON *o = cJSON_AddObjectToObject(root, t->name), *s = NULL, *d = NULL;
-    ok = o && cJSON_AddStringToObject(o, "dtype", dtypes[t->dtype].name) &&
+    ok = o && cJSON_AddStringToObject(o, "dtype", dsv4_dtype_name(t->dtype)) &&
          (s = cJSON_AddArrayToObject(o, "shape")) && (d = cJSON_AddArrayToObject(o, "data_offsets"));
     for (int k = 0; ok && k < t->ndim; k++) ok = add_uint(s, (uint64_t)t->shape[k]);
     ok = ok && add_uint(d, t->begin) && add_uint(d, t->end);
@@ -488,6 +569,48 @@ fail:
   return rc;
 }
 
+/* Publishes tmp in a free registry slot; -1 when none is free or the path is too long (the save
+ * then works the same, only a signal cannot remove its temporary). */
+static int pending_add(const char *tmp) {
+  if (strlen(tmp) >= PENDING_PATH) return -1;
+  for (int i = 0; i < PENDING_SLOTS; i++) {
+    int expect = SLOT_FREE;
+    if (atomic_compare_exchange_strong(&pending[i].state, &expect, SLOT_FILLING)) {
+      strcpy(pending[i].path, tmp);
+      atomic_store(&pending[i].state, SLOT_READY);
+      return i;
+    }
+  }
+  return -1;
+}
+
+static void pending_drop(int i) {
+  if (i >= 0) atomic_store(&pending[i].state, SLOT_FREE);
+}
+
+void dsv4_st_remove_pending(void) {
+  for (int i = 0; i < PENDING_SLOTS; i++)
+    if (atomic_load(&pending[i].state) == SLOT_READY) unlink(pending[i].path);
+}
+
+/* Writes a fill-based tensor: rows_per_call rows at a time through one staging buffer. */
+static dsv4_status write_rows(int fd, const writer_entry *e, const char *path) {
+  dsv4_status rc = DSV4_OK;
+  char *buf = NULL;
+  const int64_t row_elems = e->t.ndim ? e->t.shape[e->t.ndim - 1] : 1;
+  const int64_t rows = row_elems ? e->t.numel / row_elems : 0, row_bytes = row_elems * 4;
+  const int64_t per = e->rows_per_call < rows ? e->rows_per_call : (rows ? rows : 1);
+  DSV4_ALLOC(buf, (size_t)(per * row_bytes) + 1);
+  for (int64_t r0 = 0; r0 < rows; r0 += per) {
+    const int64_t n = rows - r0 < per ? rows - r0 : per;
+    DSV4_TRY(e->fill(e->fill_ctx, r0, n, buf));
+    DSV4_TRY(write_all(fd, buf, (size_t)(n * row_bytes), path));
+  }
+fail:
+  free(buf);
+  return rc;
+}
+
 /* Writes to "<path>.tmp<pid>.<k>" (mode 0666 & ~umask), fsyncs, then renames it over path. */
 dsv4_status dsv4_st_writer_save(dsv4_st_writer *w, const char *path) {
   static atomic_uint counter;
@@ -495,7 +618,7 @@ dsv4_status dsv4_st_writer_save(dsv4_st_writer *w, const char *path) {
   unsigned char *hdr = NULL;
   uint16_t *buf = NULL;
   char *tmp = NULL;
-  int fd = -1, created = 0;
+  int fd = -1, created = 0, slot = -1;
   size_t hlen = 0, tl = path ? strlen(path) + 48 : 0;
   DSV4_CHECK(w && path && *path, DSV4_ERR_ARG, "dsv4_st_writer_save: writer and path are required");
   hdr = build_header(w, &hlen);
@@ -503,12 +626,17 @@ dsv4_status dsv4_st_writer_save(dsv4_st_writer *w, const char *path) {
   DSV4_ALLOC(buf, CHUNK_BYTES / 2);
   DSV4_ALLOC(tmp, tl);
   snprintf(tmp, tl, "%s.tmp%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
+  slot = pending_add(tmp); /* before the file exists: a signal in between finds nothing to remove */
   fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   DSV4_CHECK(fd >= 0, DSV4_ERR_IO, "%s: cannot create temporary file '%s': %s", path, tmp, strerror(errno));
   created = 1;
   DSV4_TRY(write_all(fd, hdr, hlen, path));
   for (int i = 0; i < w->n; i++) {
     const dsv4_st_info *t = &w->e[i].t;
+    if (w->e[i].fill) {
+      DSV4_TRY(write_rows(fd, &w->e[i], path));
+      continue;
+    }
     if (t->dtype == DSV4_DT_F32 || t->dtype == DSV4_DT_I32) {
       DSV4_TRY(write_all(fd, w->e[i].data, t->end - t->begin, path));
       continue;
@@ -531,6 +659,7 @@ dsv4_status dsv4_st_writer_save(dsv4_st_writer *w, const char *path) {
 fail:
   if (fd >= 0) close(fd);
   if (created) unlink(tmp);
+  pending_drop(slot);
   free(hdr);
   free(buf);
   free(tmp);

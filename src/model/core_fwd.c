@@ -158,6 +158,19 @@ fail:
   return rc;
 }
 
+/* The RoPE positions this rank uses: its rows' positions, and the slots it pools (position j r of a
+ * slot whose window starts at most 2r - 1 rows before the segment's first row, model/layout.c). */
+dsv4_status dsv4_core_reserve_rope(dsv4_core *c, const int32_t *pos, int64_t n) {
+  int64_t lo = INT64_MAX, hi = 0;
+  for (int64_t i = 0; i < n; i++) {
+    lo = pos[i] < lo ? pos[i] : lo;
+    hi = pos[i] + 1 > hi ? pos[i] + 1 : hi;
+  }
+  if (n == 0) lo = 0;
+  lo -= 2 * c->ratio;
+  return dsv4_rope_reserve(&c->rope, lo > 0 ? lo : 0, hi);
+}
+
 int64_t dsv4_core_chunk_end(const dsv4_core *c, int64_t i0, int64_t max_rows) {
   const int64_t *g = c->tok.global, n = c->sv.n;
   int64_t i = i0 + 1;
@@ -228,10 +241,7 @@ static dsv4_status prepare(dsv4_core *c, const dsv4_core_fwd_args *a, const dsv4
   DSV4_TRY(dsv4_docs_build(&sv->docs, a->pk, c->ratio));
   DSV4_TRY(x->layout(x->st, &sv->docs, a->n, c->cfg.window, &sv->lay));
   DSV4_TRY(dsv4_core_fill_tokmap(c, &sv->docs, &sv->lay, NULL));
-  int64_t max_len = 1;
-  for (int i = 0; i < sv->docs.n_docs; i++)
-    max_len = sv->docs.cu[i + 1] - sv->docs.cu[i] > max_len ? sv->docs.cu[i + 1] - sv->docs.cu[i] : max_len;
-  DSV4_TRY(dsv4_rope_reserve(&c->rope, max_len));
+  DSV4_TRY(dsv4_core_reserve_rope(c, c->tok.pos, a->n));
   sv->n = a->n;
   sv->q = a->q, sv->o = a->o, sv->kv = a->kv, sv->x = a->x, sv->qr = a->qr;
   sv->topk_out = a->topk_ids;

@@ -195,16 +195,20 @@ size_t dsv4_saved_bytes_formula(const dsv4_config *c, int ratio, int64_t n, int6
 
 /* Bytes of the buffers held besides the saved activations after a training call (memory.c). */
 size_t dsv4_transient_bytes_formula(const dsv4_config *c, int ratio, const dsv4_layout *lay, int64_t n_cmp,
-                                    int64_t max_doc, int recompute, int threads);
+                                    int64_t rope_positions, int recompute, int threads);
 
 /* Rows are processed in chunks of at most DSV4_CHUNK_ROWS local rows that never cross a global
  * multiple of it (so projection panels, whose size divides it, are never split) nor a segment
  * boundary. The backward always uses these chunks, with or without recomputation, so both give
  * the same bits; the forward may use any chunks (a row's forward result does not depend on them).
- * 1024 rows: weight-gradient products with an inner dimension of 1024 run as fast as whole ones
- * (the BLAS blocks the inner dimension by a few hundred anyway), and the transients of a chunk
- * are ~0.5 GB at V4-Flash sizes. */
-#define DSV4_CHUNK_ROWS 1024
+ * 512 rows, the largest projection panel: weight-gradient products with an inner dimension of 512
+ * run as fast as whole ones here (measured: 92 / 86 GFLOP/s for the wq_b / wo_b gradients in
+ * 512-row pieces against 67 / 87 in one call: the BLAS blocks the inner dimension by a few hundred
+ * anyway), and recomputation holds q, o and d o of one chunk (3 x 512 x 2 H D floats: 384 MiB at
+ * V4-Flash sizes) instead of q and o of every row. */
+#define DSV4_CHUNK_ROWS 512
+/* Makes the RoPE table cover the positions a rank with rows at positions pos[0..n) uses. */
+dsv4_status dsv4_core_reserve_rope(dsv4_core *c, const int32_t *pos, int64_t n);
 /* End of the chunk that starts at local row i0 (tokmap of the current forward). */
 int64_t dsv4_core_chunk_end(const dsv4_core *c, int64_t i0, int64_t max_rows);
 

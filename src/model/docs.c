@@ -70,6 +70,17 @@ void dsv4_docs_slot(const dsv4_docs *d, int64_t id, int *doc, int64_t *j) {
   *j = id - d->cu_cmp[lo];
 }
 
+void dsv4_docs_pos_range(const dsv4_docs *d, int64_t g0, int64_t len, int64_t *lo, int64_t *hi) {
+  int i = dsv4_docs_find(d, g0);
+  *lo = g0 - d->cu[i];
+  *hi = 0;
+  for (; i < d->n_docs && d->cu[i] < g0 + len; i++) {
+    const int64_t a = g0 > d->cu[i] ? g0 : d->cu[i], b = g0 + len < d->cu[i + 1] ? g0 + len : d->cu[i + 1];
+    if (a - d->cu[i] < *lo) *lo = a - d->cu[i];
+    if (b - d->cu[i] > *hi) *hi = b - d->cu[i];
+  }
+}
+
 void dsv4_docs_free(dsv4_docs *d) {
   free(d->cu);
   free(d->real);

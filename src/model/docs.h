@@ -34,6 +34,8 @@ int dsv4_docs_find(const dsv4_docs *d, int64_t g);
  * [(j-1)r, jr) for r = 4); its END is its last token cu[i] + (j+1)r - 1. Global slot ids follow
  * the documents' order, which is also the order of their ends, so the slots ending inside any
  * token range [g0, g1) are the consecutive ids [slots_before(g0), slots_before(g1)). */
+/* Document-local positions [*lo, *hi) of the tokens [g0, g0 + len). */
+void dsv4_docs_pos_range(const dsv4_docs *d, int64_t g0, int64_t len, int64_t *lo, int64_t *hi);
 /* Number of slots whose end lies before global token g (0 <= g <= T). */
 int64_t dsv4_docs_slots_before(const dsv4_docs *d, int64_t g);
 /* Document and in-document index j of global slot id (0 <= id < n_cmp). */

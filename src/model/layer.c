@@ -165,14 +165,12 @@ dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, flo
   DSV4_SLOT(l->glob, l->slot[LS_GLOB], n);
   DSV4_SLOT(l->pos, l->slot[LS_POS], n);
   DSV4_SLOT(l->real, l->slot[LS_REAL], n);
-  int64_t max_pos = 0;
   for (int64_t i = 0; i < n; i++) {
     l->glob[i] = map.global[i];
     l->pos[i] = map.pos[i];
     l->real[i] = map.real[i];
-    max_pos = map.pos[i] > max_pos ? map.pos[i] : max_pos;
   }
-  DSV4_TRY(dsv4_rope_reserve(&core->rope, max_pos + 1));
+  DSV4_TRY(dsv4_core_reserve_rope(core, l->pos, n));
   const int64_t P = dsv4_panel_rows(pk->T);
   DSV4_SLOT(l->a, l->slot[LS_A], n * dq);
   DSV4_SLOT(l->qr, l->slot[LS_QR], n * dq);

@@ -38,7 +38,7 @@ size_t dsv4_saved_bytes_formula(const dsv4_config *c, int ratio, int64_t n_, int
  * the largest per-call kernel scratch. Mirrors the DSV4_SLOT sizes of layer.c, core_fwd.c and
  * core_bwd.c; `threads` sizes the per-thread scratch of the attention and KL backward. */
 size_t dsv4_transient_bytes_formula(const dsv4_config *c, int ratio, const dsv4_layout *lay, int64_t n_cmp,
-                                    int64_t max_doc, int recompute, int threads) {
+                                    int64_t rope_positions, int recompute, int threads) {
   const size_t n = (size_t)lay->n, H = (size_t)c->n_heads, D = (size_t)c->head_dim, dq = (size_t)c->q_lora_rank;
   const size_t d = (size_t)c->dim, Hi = (size_t)c->index_n_heads, Di = (size_t)c->index_head_dim;
   const size_t GRo = (size_t)c->o_groups * (size_t)c->o_lora_rank, HGD = H / (size_t)c->o_groups * D;
@@ -59,10 +59,10 @@ size_t dsv4_transient_bytes_formula(const dsv4_config *c, int ratio, const dsv4_
   if (ratio == 4) f += 2 * n + (recompute ? m * Hi * Di + m * Hi : 0); /* KL rows (doubles); chunk qI, wI */
   /* per-call kernel scratch: the attention backward's private key gradients of threads 1.. */
   f += (nt - 1) * (Rkv * D + cmp * D + H);
-  /* token map (global index, document, position, real), RoPE table of the longest document */
+  /* token map (global index, document, position, real), RoPE table of the positions used */
   size_t bytes = n * (sizeof(int64_t) + 2 * sizeof(int32_t) + 1);
   size_t rope_rows = 256;
-  while (rope_rows < (size_t)max_doc) rope_rows *= 2;
+  while (rope_rows < (size_t)rope_positions) rope_rows *= 2;
   bytes += rope_rows * (size_t)c->rope_dim * sizeof(float);
   if (ratio > 0) bytes += cmp * sizeof(int32_t); /* gather index */
 #undef MAX2

@@ -1,13 +1,14 @@
 /* weights.c: the weight set of one layer: the table of DeepSeek V4 tensor names and shapes
  * (SPEC section 2), one allocation carved into tensors, deterministic random initialisation,
- * and loading from safetensors with every name, shape and dtype checked. */
+ * and loading from a checkpoint (src/io/checkpoint.c: one file, an index of shards, FP8) with the
+ * layer's name prefix found and every name, shape and dtype checked. */
 #include "weights.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "io/safetensors.h"
+#include "io/checkpoint.h"
 #include "util/err.h"
 #include "util/rng.h"
 
@@ -15,11 +16,13 @@
 typedef enum { INIT_LINEAR, INIT_NORM, INIT_APE, INIT_SINK } init_kind;
 #define INIT_NORM_SPREAD 0.1f
 #define INIT_APE_SCALE 0.5f
+#define FP8_BLOCK_DEFAULT 128 /* dsv4_config.fp8_block 0 = not given = V4's 128 */
 
 struct dsv4_weights {
   dsv4_config cfg;
   int layer, ratio;
-  char prefix[32];             /* "layers.L." or "" as found in the loaded file */
+  char prefix[32];             /* "layers.L.", "mtp.i.", either with "model." in front, or "": the names
+                                  the loaded checkpoint uses (random weights: "layers.L.") */
   dsv4_tensor t[W_COUNT];      /* data == NULL for tensors this layer kind does not have */
   init_kind init[W_COUNT];
   float *block;
@@ -162,11 +165,12 @@ fail:
 }
 
 float *dsv4_weights_find(const dsv4_weights *w, const char *name) {
-  char full[128];
-  for (int id = 0; id < W_COUNT; id++) {
+  char full[128], loaded[128];
+  for (int id = 0; w && name && id < W_COUNT; id++) {
     if (!w->t[id].data) continue;
     snprintf(full, sizeof full, "layers.%d.%s", w->layer, NAMES[id]);
-    if (!strcmp(name, NAMES[id]) || !strcmp(name, full)) return w->t[id].data;
+    snprintf(loaded, sizeof loaded, "%s%s", w->prefix, NAMES[id]);
+    if (!strcmp(name, NAMES[id]) || !strcmp(name, full) || !strcmp(name, loaded)) return w->t[id].data;
   }
   return NULL;
 }
@@ -212,50 +216,106 @@ fail:
   return rc;
 }
 
-static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
-  int k = snprintf(buf, n, "[");
-  for (int i = 0; i < ndim && k < (int)n; i++)
-    k += snprintf(buf + k, n - (size_t)k, "%s%lld", i ? ", " : "", (long long)shape[i]);
-  if (k < (int)n) snprintf(buf + k, n - (size_t)k, "]");
+/* The name prefixes layer L may have in a checkpoint, most specific first: a multi-token-prediction
+ * layer (L >= n_hidden_layers > 0) is mtp.{L - n_hidden_layers}. in DeepSeek's files (layers.L. is
+ * accepted too); others are layers.L.; each optionally with model. in front. Returns how many. */
+static int layer_prefixes(const dsv4_weights *w, char out[4][32]) {
+  const int nh = w->cfg.n_hidden_layers, L = w->layer;
+  int n = 0;
+  if (nh > 0 && L >= nh) {
+    snprintf(out[n++], 32, "mtp.%d.", L - nh);
+    snprintf(out[n++], 32, "model.mtp.%d.", L - nh);
+  }
+  snprintf(out[n++], 32, "layers.%d.", L);
+  snprintf(out[n++], 32, "model.layers.%d.", L);
+  return n;
+}
+
+/* Picks the prefix the checkpoint uses for this layer, probing for attn.wq_a.weight: exactly one
+ * full prefix, else bare short names (a single-layer file), else an error listing what was tried. */
+static dsv4_status find_prefix(dsv4_weights *w, const dsv4_ckpt *c) {
+  dsv4_status rc = DSV4_OK;
+  char pre[4][32], name[4][96], tried[400];
+  const int n = layer_prefixes(w, pre);
+  int found = -1;
+  size_t k = 0;
+  for (int i = 0; i < n; i++) {
+    snprintf(name[i], sizeof name[i], "%s%s", pre[i], NAMES[W_WQ_A]);
+    k += (size_t)snprintf(tried + k, sizeof tried - k, "'%s', ", name[i]);
+    if (!dsv4_ckpt_has(c, name[i])) continue;
+    DSV4_CHECK(found < 0, DSV4_ERR_TENSOR, "%s: layer %d is there twice, as '%s' and '%s'", dsv4_ckpt_path(c),
+               w->layer, name[found], name[i]);
+    found = i;
+  }
+  if (found >= 0) {
+    snprintf(w->prefix, sizeof w->prefix, "%s", pre[found]);
+  } else {
+    DSV4_CHECK(dsv4_ckpt_has(c, NAMES[W_WQ_A]), DSV4_ERR_TENSOR, "%s: missing tensor %snor '%s'", dsv4_ckpt_path(c),
+               tried, NAMES[W_WQ_A]);
+    w->prefix[0] = 0;
+  }
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_weights_locate(dsv4_weights *w, dsv4_ckpt *c, dsv4_ckpt_tensor *src) {
+  dsv4_status rc = DSV4_OK;
+  char full[160], want[64], got[64];
+  DSV4_CHECK(w && c && src, DSV4_ERR_ARG, "weights: NULL argument");
+  DSV4_TRY(find_prefix(w, c));
+  const int block[2] = {w->cfg.fp8_block[0] > 0 ? w->cfg.fp8_block[0] : FP8_BLOCK_DEFAULT,
+                        w->cfg.fp8_block[1] > 0 ? w->cfg.fp8_block[1] : FP8_BLOCK_DEFAULT};
+  int i = 0;
+  for (int id = 0; id < W_COUNT; id++) {
+    const dsv4_tensor *t = &w->t[id];
+    if (!t->data) continue;
+    snprintf(full, sizeof full, "%s%s", w->prefix, NAMES[id]);
+    dsv4_ckpt_tensor *s = &src[i++];
+    DSV4_TRY(dsv4_ckpt_locate(c, full, block, s));
+    const dsv4_st_info *info = s->t;
+    DSV4_CHECK(info->dtype == DSV4_DT_F32 || info->dtype == DSV4_DT_BF16 || info->dtype == DSV4_DT_F16 ||
+                   info->dtype == DSV4_DT_F8_E4M3,
+               DSV4_ERR_TENSOR, "%s: tensor '%s' has dtype %s, expected F32, BF16, F16 or F8_E4M3 (with a block scale)",
+               dsv4_st_path(s->file), full, info->dtype_name);
+    int same = info->ndim == t->ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = info->shape[d] == t->shape[d];
+    if (!same) {
+      dsv4_st_shape_str(want, sizeof want, t->shape, t->ndim);
+      dsv4_st_shape_str(got, sizeof got, info->shape, info->ndim);
+      DSV4_FAIL(DSV4_ERR_TENSOR, "%s: tensor '%s' has shape %s, expected %s", dsv4_st_path(s->file), full, got, want);
+    }
+  }
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_weights_read(dsv4_weights *w, const dsv4_ckpt_tensor *src) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_CHECK(w && src, DSV4_ERR_ARG, "weights: NULL argument");
+  int i = 0;
+  for (int id = 0; id < W_COUNT; id++) {
+    dsv4_tensor *t = &w->t[id];
+    if (!t->data) continue;
+    const dsv4_ckpt_tensor *s = &src[i++];
+    DSV4_TRY(dsv4_ckpt_read_f32(s, t->data));
+    if (s->scale) continue; /* dequantisation checked every value already */
+    for (int64_t k = 0; k < t->numel; k++)
+      DSV4_CHECK(isfinite(t->data[k]), DSV4_ERR_TENSOR, "%s: tensor '%s' has a non-finite value at %lld",
+                 dsv4_st_path(s->file), s->t->name, (long long)k);
+  }
+fail:
+  return rc;
 }
 
 dsv4_status dsv4_weights_load(dsv4_weights *w, const char *path) {
   dsv4_status rc = DSV4_OK;
-  dsv4_st_file *f = NULL;
-  char full[160], want[64], got[64];
+  dsv4_ckpt *c = NULL;
+  dsv4_ckpt_tensor src[W_COUNT];
   DSV4_CHECK(w && path, DSV4_ERR_ARG, "weights: NULL argument");
-  DSV4_TRY(dsv4_st_open(&f, path));
-  /* The file names this layer's tensors either with the "layers.L." prefix or without. */
-  snprintf(full, sizeof full, "layers.%d.%s", w->layer, NAMES[W_WQ_A]);
-  if (dsv4_st_find(f, full))
-    snprintf(w->prefix, sizeof w->prefix, "layers.%d.", w->layer);
-  else if (dsv4_st_find(f, NAMES[W_WQ_A]))
-    w->prefix[0] = 0;
-  else
-    DSV4_FAIL(DSV4_ERR_TENSOR, "%s: missing tensor '%s' (nor '%s')", path, full, NAMES[W_WQ_A]);
-  for (int id = 0; id < W_COUNT; id++) {
-    dsv4_tensor *t = &w->t[id];
-    if (!t->data) continue;
-    snprintf(full, sizeof full, "%s%s", w->prefix, NAMES[id]);
-    const dsv4_st_info *info = dsv4_st_find(f, full);
-    DSV4_CHECK(info, DSV4_ERR_TENSOR, "%s: missing tensor '%s'", path, full);
-    DSV4_CHECK(info->dtype == DSV4_DT_F32 || info->dtype == DSV4_DT_BF16 ||
-                   info->dtype == DSV4_DT_F16,
-               DSV4_ERR_TENSOR, "%s: tensor '%s' has dtype %s, expected F32, BF16 or F16", path, full,
-               dsv4_dtype_name(info->dtype));
-    int same = info->ndim == t->ndim;
-    for (int i = 0; same && i < t->ndim; i++) same = info->shape[i] == t->shape[i];
-    if (!same) {
-      shape_str(want, sizeof want, t->ndim, t->shape);
-      shape_str(got, sizeof got, info->ndim, info->shape);
-      DSV4_FAIL(DSV4_ERR_TENSOR, "%s: tensor '%s' has shape %s, expected %s", path, full, got, want);
-    }
-    DSV4_TRY(dsv4_st_read_f32(f, info, t->data));
-    for (int64_t i = 0; i < t->numel; i++)
-      DSV4_CHECK(isfinite(t->data[i]), DSV4_ERR_TENSOR, "%s: tensor '%s' has a non-finite value at %lld",
-                 path, full, (long long)i);
-  }
+  DSV4_TRY(dsv4_ckpt_open(&c, path));
+  DSV4_TRY(dsv4_weights_locate(w, c, src));
+  DSV4_TRY(dsv4_weights_read(w, src));
 fail:
-  dsv4_st_close(f);
+  dsv4_ckpt_close(c);
   return rc;
 }

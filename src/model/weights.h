@@ -3,6 +3,7 @@
 #define DSV4_WEIGHTS_H
 
 #include "dsv4cp.h"
+#include "io/checkpoint.h"
 
 typedef enum {
   W_WQ_A = 0,   /* attn.wq_a.weight            [dq, d] */
@@ -34,5 +35,11 @@ float *dsv4_weights_block(const dsv4_weights *w, int64_t *n);
 dsv4_status dsv4_weights_numel(const dsv4_config *cfg, int layer, int64_t *n);
 int dsv4_weights_layer(const dsv4_weights *w);
 const dsv4_config *dsv4_weights_config(const dsv4_weights *w);
+/* Finds every tensor of the layer in an opened checkpoint without reading data: sets the name
+ * prefix the checkpoint uses (see dsv4_weights_prefix), checks names, dtypes, shapes and FP8 scales.
+ * src[i] (at least dsv4_weights_count entries) is tensor i in dsv4_weights_get order. */
+dsv4_status dsv4_weights_locate(dsv4_weights *w, dsv4_ckpt *c, dsv4_ckpt_tensor *src);
+/* Reads located tensors into w (FP8 dequantised); every value must be finite. */
+dsv4_status dsv4_weights_read(dsv4_weights *w, const dsv4_ckpt_tensor *src);
 
 #endif

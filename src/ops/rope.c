@@ -39,22 +39,29 @@ void dsv4_rope_free(dsv4_rope *r) {
   memset(r, 0, sizeof *r);
 }
 
-dsv4_status dsv4_rope_reserve(dsv4_rope *r, int64_t n_pos) {
+dsv4_status dsv4_rope_reserve(dsv4_rope *r, int64_t lo, int64_t hi) {
   dsv4_status rc = DSV4_OK;
-  if (n_pos <= r->cap) return DSV4_OK;
-  int64_t cap = r->cap ? r->cap : 256;
-  while (cap < n_pos) cap *= 2;
+  DSV4_CHECK(lo >= 0 && hi >= lo, DSV4_ERR_ARG, "rope: bad position range [%lld, %lld)", (long long)lo, (long long)hi);
+  if (r->cs && lo >= r->lo && hi <= r->lo + r->cap) return DSV4_OK;
+  if (r->cs && lo <= r->lo + r->cap && hi >= r->lo) { /* overlapping or adjacent: keep the union */
+    lo = lo < r->lo ? lo : r->lo;
+    hi = hi > r->lo + r->cap ? hi : r->lo + r->cap;
+  }
+  int64_t cap = 256;
+  while (cap < hi - lo) cap *= 2;
   const int half = r->R / 2;
-  float *cs = realloc(r->cs, sizeof(float) * (size_t)(cap * half * 2));
+  float *cs = malloc(sizeof(float) * (size_t)(cap * half * 2));
   DSV4_CHECK(cs, DSV4_ERR_NOMEM, "rope: out of memory for %lld positions", (long long)cap);
-  r->cs = cs;
 #pragma omp parallel for schedule(static)
-  for (int64_t p = r->cap; p < cap; p++)
+  for (int64_t k = 0; k < cap; k++)
     for (int i = 0; i < half; i++) {
-      double a = (double)p * r->freq[i];
-      cs[(p * half + i) * 2] = (float)cos(a);
-      cs[(p * half + i) * 2 + 1] = (float)sin(a);
+      double a = (double)(lo + k) * r->freq[i];
+      cs[(k * half + i) * 2] = (float)cos(a);
+      cs[(k * half + i) * 2 + 1] = (float)sin(a);
     }
+  free(r->cs);
+  r->cs = cs;
+  r->lo = lo;
   r->cap = cap;
 fail:
   return rc;
@@ -62,7 +69,7 @@ fail:
 
 void dsv4_rope_apply(const dsv4_rope *r, float *v, int dim, int64_t pos, int inverse) {
   const int half = r->R / 2;
-  const float *cs = r->cs + pos * half * 2;
+  const float *cs = r->cs + (pos - r->lo) * half * 2;
   float *x = v + dim - r->R;
   const float sgn = inverse ? -1.0f : 1.0f;
   for (int i = 0; i < half; i++) {

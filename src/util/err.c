@@ -1,18 +1,42 @@
-/* err.c: status strings and the per-thread last-error message (see err.h). */
+/* err.c: status strings and the per-thread last-error message (see err.h). The message is
+ * escaped when recorded, so whatever bytes a file put in a name, dsv4_last_error() is one
+ * printable line that cannot write terminal escape codes. */
 #include "err.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-static _Thread_local char last_msg[1024];
+#define ERR_MSG_BYTES 1024          /* formatted message before escaping */
+#define ERR_ESCAPED_BYTES 2048      /* recorded line: room for some \xNN escapes */
+
+static _Thread_local char last_msg[ERR_ESCAPED_BYTES];
 static _Thread_local char last_where[256];
 
+char *dsv4_escape(char *dst, size_t cap, const char *src) {
+  static const char hex[] = "0123456789abcdef";
+  size_t k = 0;
+  if (!cap) return dst;
+  for (const unsigned char *p = (const unsigned char *)src; p && *p; p++) {
+    if (*p >= 0x20 && *p < 0x7f) {
+      if (k + 1 >= cap) break;
+      dst[k++] = (char)*p;
+    } else {
+      if (k + 4 >= cap) break;
+      dst[k++] = '\\', dst[k++] = 'x', dst[k++] = hex[*p >> 4], dst[k++] = hex[*p & 15];
+    }
+  }
+  dst[k] = 0;
+  return dst;
+}
+
 dsv4_status dsv4__err(dsv4_status st, const char *file, int line, const char *fmt, ...) {
+  char raw[ERR_MSG_BYTES];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_msg, sizeof last_msg, fmt, ap);
+  vsnprintf(raw, sizeof raw, fmt, ap);
   va_end(ap);
+  dsv4_escape(last_msg, sizeof last_msg, raw);
   const char *base = strrchr(file, '/');
   snprintf(last_where, sizeof last_where, "%s:%d", base ? base + 1 : file, line);
   return st;

@@ -4,6 +4,8 @@
  * failing argument (and the file:line that detected it) in a per-thread buffer, read back with
  * dsv4_last_error(). The buffer is per thread so that concurrent callers do not overwrite each
  * other; it is the only state the library keeps outside its handles (like errno).
+ * Messages often quote bytes from files (tensor names, dtypes, paths): the recorded line escapes
+ * every control byte and every byte >= 0x7f as \xNN, so it is always one printable line.
  *
  * Usage inside a function that owns resources:
  *
@@ -25,6 +27,10 @@
 /* Records the message and location; returns st so that it can be used in a return statement. */
 dsv4_status dsv4__err(dsv4_status st, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* Copies src into dst (capacity cap, always NUL-terminated) with every byte < 0x20 or >= 0x7f
+ * written as \xNN; truncates only between whole characters/escapes. Returns dst. */
+char *dsv4_escape(char *dst, size_t cap, const char *src);
 
 #define DSV4_FAIL(st, ...)                                                   \
   do {                                                                       \

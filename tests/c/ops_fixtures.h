@@ -514,7 +514,7 @@ static inline void rope_make(dsv4_rope *r, int R, int ratio, int64_t n_pos) {
   dsv4_config cfg;
   dsv4_config_preset(&cfg, "tiny");
   cfg.rope_dim = R;
-  if (dsv4_rope_init(r, &cfg, ratio) != DSV4_OK || dsv4_rope_reserve(r, n_pos) != DSV4_OK) {
+  if (dsv4_rope_init(r, &cfg, ratio) != DSV4_OK || dsv4_rope_reserve(r, 0, n_pos) != DSV4_OK) {
     fprintf(stderr, "test: rope setup failed: %s\n", dsv4_last_error());
     exit(2);
   }

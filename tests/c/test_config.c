@@ -1,5 +1,7 @@
-/* test_config.c: presets, config.json parsing (required keys, defaults, rope_scaling forms) and
- * validation errors that name the key. */
+/* test_config.c: presets, config.json parsing (required keys, defaults, rope_scaling forms, the
+ * released config.json and DeepSeek's inference config.json with ModelArgs names, conflicting
+ * namings, quantization_config, range checks of every number) and validation errors that name the
+ * key. */
 #include <string.h>
 
 #include "model/weights.h"
@@ -18,7 +20,144 @@ static void parse_case(const char *what, const char *text, dsv4_status want, con
            dsv4_status_string(st), st == DSV4_OK ? "ok" : dsv4_last_error());
 }
 
+/* DeepSeek's inference/config.json for V4-Flash (ModelArgs names), as published. */
+static const char *INFERENCE_FLASH =
+    "{\"vocab_size\": 129280, \"dim\": 4096, \"moe_inter_dim\": 2048, \"n_layers\": 43, \"n_hash_layers\": 3, "
+    "\"n_heads\": 64, \"n_routed_experts\": 256, \"n_routed_experts_score\": 128, \"n_shared_experts\": 1, "
+    "\"n_activated_experts\": 6, \"score_func\": \"sqrtsoftplus\", \"route_scale\": 1.5, \"swiglu_limit\": 10.0, "
+    "\"q_lora_rank\": 1024, \"head_dim\": 512, \"rope_head_dim\": 64, \"o_groups\": 8, \"o_lora_rank\": 1024, "
+    "\"window_size\": 128, \"original_seq_len\": 65536, \"rope_theta\": 10000, \"rope_factor\": 16, "
+    "\"beta_fast\": 32, \"beta_slow\": 1, \"index_n_heads\": 64, \"index_head_dim\": 128, \"index_topk\": 512, "
+    "\"hc_mult\": 4, \"hc_sinkhorn_iters\": 20, \"dtype\": \"fp8\", \"scale_fmt\": \"ue8m0\", "
+    "\"expert_dtype\": \"fp4\", \"compress_rope_theta\": 160000, \"compress_ratios\": [0, 0, 4, 128, 4, 128, 4, "
+    "128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, "
+    "128, 4, 128, 4, 128, 4, 128, 4, 0]}";
+
+/* The released config.json of V4-Flash (Hugging Face names; MoE and quantization keys included). */
+static const char *RELEASED_FLASH =
+    "{\"architectures\": [\"DeepseekV4ForCausalLM\"], \"model_type\": \"deepseek_v4\", \"hidden_size\": 4096, "
+    "\"num_attention_heads\": 64, \"head_dim\": 512, \"qk_rope_head_dim\": 64, \"q_lora_rank\": 1024, "
+    "\"o_groups\": 8, \"o_lora_rank\": 1024, \"sliding_window\": 128, \"index_n_heads\": 64, "
+    "\"index_head_dim\": 128, \"index_topk\": 512, \"num_hidden_layers\": 43, \"num_nextn_predict_layers\": 1, "
+    "\"n_routed_experts\": 256, \"moe_intermediate_size\": 2048, \"rope_theta\": 10000, "
+    "\"compress_rope_theta\": 160000, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 16, "
+    "\"original_max_position_embeddings\": 65536, \"beta_fast\": 32, \"beta_slow\": 1}, \"rms_norm_eps\": 1e-06, "
+    "\"max_position_embeddings\": 1048576, \"quantization_config\": {\"fmt\": \"e4m3\", \"quant_method\": \"fp8\", "
+    "\"scale_fmt\": \"ue8m0\", \"weight_block_size\": [128, 128]}, \"compress_ratios\": [0, 0, 4, 128, 4, 128, 4, "
+    "128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, "
+    "128, 4, 128, 4, 128, 4, 128, 4, 0]}";
+
+/* 1 when two configs hold the same model (every field the layer uses). */
+static int same_model(const dsv4_config *a, const dsv4_config *b) {
+  return a->dim == b->dim && a->n_heads == b->n_heads && a->head_dim == b->head_dim && a->rope_dim == b->rope_dim &&
+         a->q_lora_rank == b->q_lora_rank && a->o_groups == b->o_groups && a->o_lora_rank == b->o_lora_rank &&
+         a->window == b->window && a->index_n_heads == b->index_n_heads && a->index_head_dim == b->index_head_dim &&
+         a->index_topk == b->index_topk && a->n_layers == b->n_layers &&
+         !memcmp(a->compress_ratios, b->compress_ratios, sizeof(int) * (size_t)a->n_layers) &&
+         a->rope_theta == b->rope_theta && a->compress_rope_theta == b->compress_rope_theta &&
+         a->rope_factor == b->rope_factor && a->rope_orig_max_pos == b->rope_orig_max_pos &&
+         a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow && a->eps == b->eps &&
+         a->n_hidden_layers == b->n_hidden_layers && a->fp8_block[0] == b->fp8_block[0] &&
+         a->fp8_block[1] == b->fp8_block[1];
+}
+
+/* Both namings, conflicts, the released files, quantization_config and range checks. */
+static void test_namings(void) {
+  dsv4_config flash, c;
+  dsv4_config_preset(&flash, "flash");
+  tu_check(flash.n_hidden_layers == 43 && flash.fp8_block[0] == 128 && flash.fp8_block[1] == 128,
+           "config flash preset: 43 hidden layers (layer 43 is the MTP layer), 128 x 128 FP8 blocks");
+  dsv4_config_preset(&c, "pro");
+  tu_check(c.n_hidden_layers == 61, "config pro preset: 61 hidden layers");
+  dsv4_config_preset(&c, "tiny");
+  tu_check(c.n_hidden_layers == c.n_layers, "config tiny preset: no MTP layer");
+  tu_check(dsv4_config_parse(&c, INFERENCE_FLASH) == DSV4_OK && same_model(&c, &flash),
+           "config DeepSeek's inference/config.json (ModelArgs names) = the flash preset (%s)", dsv4_last_error());
+  tu_check(dsv4_config_parse(&c, RELEASED_FLASH) == DSV4_OK && same_model(&c, &flash),
+           "config released config.json (HF names, quantization_config) = the flash preset (%s)", dsv4_last_error());
+  parse_case("both namings, same value", "{" BASE ", \"dim\": 64, \"window_size\": 16, \"compress_ratios\": [0], "
+             "\"compress_rope_theta\": 160000, \"original_seq_len\": 0}", DSV4_OK, NULL);
+  parse_case("both namings, different values", "{" BASE ", \"dim\": 65, \"compress_ratios\": [0]}", DSV4_ERR_CONFIG,
+             "'hidden_size' and 'dim'");
+  parse_case("window_size vs sliding_window", "{" BASE ", \"window_size\": 8, \"compress_ratios\": [0]}",
+             DSV4_ERR_CONFIG, "'sliding_window' and 'window_size'");
+  parse_case("rope_scaling.factor vs rope_factor", "{" BASE ", \"compress_ratios\": [0], \"rope_factor\": 40, "
+             "\"rope_scaling\": {\"factor\": 16, \"original_max_position_embeddings\": 65536, \"beta_fast\": 32, "
+             "\"beta_slow\": 1}}", DSV4_ERR_CONFIG, "'rope_scaling.factor' and 'rope_factor'");
+  parse_case("rms_norm_eps vs norm_eps", "{" BASE ", \"compress_ratios\": [0], \"rms_norm_eps\": 1e-6, "
+             "\"norm_eps\": 1e-5}", DSV4_ERR_CONFIG, "'rms_norm_eps' and 'norm_eps'");
+  parse_case("rope_scaling null vs original_seq_len", "{" BASE ", \"compress_ratios\": [0], \"rope_scaling\": null, "
+             "\"original_seq_len\": 4096}", DSV4_ERR_CONFIG, "original_seq_len");
+  parse_case("num_hidden_layers vs n_layers", "{" BASE ", \"compress_ratios\": [0, 0], \"num_hidden_layers\": 1, "
+             "\"n_layers\": 2}", DSV4_ERR_CONFIG, "'num_hidden_layers' and 'n_layers'");
+  const char *ma = "\"dim\": 64, \"n_heads\": 4, \"head_dim\": 32, \"rope_head_dim\": 16, \"q_lora_rank\": 48, "
+                   "\"o_groups\": 2, \"o_lora_rank\": 24, \"window_size\": 16, \"compress_ratios\": [0, 128]";
+  char text[1024];
+  snprintf(text, sizeof text, "{%s, \"compress_rope_theta\": 160000, \"rope_factor\": 16}", ma);
+  parse_case("ModelArgs without original_seq_len", text, DSV4_ERR_CONFIG, "original_seq_len");
+  snprintf(text, sizeof text, "{%s, \"original_seq_len\": 65536, \"rope_factor\": 16}", ma);
+  parse_case("ModelArgs without compress_rope_theta", text, DSV4_ERR_CONFIG, "compress_rope_theta");
+  snprintf(text, sizeof text, "{%s, \"original_seq_len\": 65536, \"compress_rope_theta\": 160000}", ma);
+  parse_case("ModelArgs without rope_factor (YaRN on)", text, DSV4_ERR_CONFIG, "rope_factor");
+  snprintf(text, sizeof text, "{%s, \"original_seq_len\": 0, \"compress_rope_theta\": 160000, \"n_layers\": 1}", ma);
+  tu_check(dsv4_config_parse(&c, text) == DSV4_OK && c.rope_orig_max_pos == 0 && c.n_hidden_layers == 1 &&
+               c.dim == 64 && c.window == 16 && c.rope_dim == 16,
+           "config ModelArgs: original_seq_len 0 (no YaRN) needs no rope_factor; n_layers is num_hidden_layers");
+  snprintf(text, sizeof text, "{\"n_heads\": 4, \"head_dim\": 32, \"rope_head_dim\": 16, \"q_lora_rank\": 48, "
+           "\"o_groups\": 2, \"o_lora_rank\": 24, \"window_size\": 16, \"compress_ratios\": [0]}");
+  parse_case("ModelArgs structural key missing (no debug default)", text, DSV4_ERR_CONFIG, "'hidden_size' (or 'dim')");
+
+  /* quantization_config */
+  parse_case("quantization_config 32 x 32 blocks", "{" BASE ", \"compress_ratios\": [0], \"quantization_config\": "
+             "{\"quant_method\": \"fp8\", \"weight_block_size\": [32, 32], \"activation_scheme\": \"dynamic\"}}", DSV4_OK, NULL);
+  dsv4_config_parse(&c, "{" BASE ", \"compress_ratios\": [0], \"quantization_config\": {\"quant_method\": \"fp8\", "
+                        "\"weight_block_size\": [64, 32]}}");
+  tu_check(c.fp8_block[0] == 64 && c.fp8_block[1] == 32, "config weight_block_size [64, 32] read as rows x cols");
+  parse_case("quant_method awq", "{" BASE ", \"compress_ratios\": [0], \"quantization_config\": {\"quant_method\": "
+             "\"awq\"}}", DSV4_ERR_UNSUPPORTED, "quant_method");
+  parse_case("quantization fmt e5m2", "{" BASE ", \"compress_ratios\": [0], \"quantization_config\": {\"quant_method\": "
+             "\"fp8\", \"fmt\": \"e5m2\"}}", DSV4_ERR_UNSUPPORTED, "fmt");
+  parse_case("quantization scale_fmt", "{" BASE ", \"compress_ratios\": [0], \"quantization_config\": {\"quant_method\": "
+             "\"fp8\", \"scale_fmt\": \"e4m3\"}}", DSV4_ERR_UNSUPPORTED, "scale_fmt");
+  parse_case("quantization without quant_method", "{" BASE ", \"compress_ratios\": [0], \"quantization_config\": {}}",
+             DSV4_ERR_CONFIG, "quant_method");
+  parse_case("weight_block_size 0", "{" BASE ", \"compress_ratios\": [0], \"quantization_config\": {\"quant_method\": "
+             "\"fp8\", \"weight_block_size\": [0, 128]}}", DSV4_ERR_CONFIG, "weight_block_size[0]");
+  parse_case("weight_block_size of one number", "{" BASE ", \"compress_ratios\": [0], \"quantization_config\": "
+             "{\"quant_method\": \"fp8\", \"weight_block_size\": [128]}}", DSV4_ERR_CONFIG, "weight_block_size");
+  parse_case("rope_scaling type linear", "{" BASE ", \"compress_ratios\": [0], \"rope_scaling\": {\"type\": \"linear\", "
+             "\"factor\": 16, \"original_max_position_embeddings\": 65536, \"beta_fast\": 32, \"beta_slow\": 1}}",
+             DSV4_ERR_UNSUPPORTED, "rope_scaling.type");
+
+  /* every number is range-checked before conversion, the message shows it as written */
+  parse_case("compress_ratios 1e300", "{" BASE ", \"compress_ratios\": [0, 1e300]}", DSV4_ERR_CONFIG,
+             "'compress_ratios[1]' must be an integer in [-2147483648, 2147483647] (got 1e+300)");
+  parse_case("compress_ratios -1e300", "{" BASE ", \"compress_ratios\": [-1e300]}", DSV4_ERR_CONFIG, "-1e+300");
+  parse_case("compress_ratios 2^31", "{" BASE ", \"compress_ratios\": [2147483648]}", DSV4_ERR_CONFIG, "2147483648");
+  parse_case("compress_ratios 1e999 (inf)", "{" BASE ", \"compress_ratios\": [1e999]}", DSV4_ERR_CONFIG, "inf");
+  parse_case("compress_ratios fractional", "{" BASE ", \"compress_ratios\": [4.5]}", DSV4_ERR_CONFIG, "4.5");
+  parse_case("hidden_size 1e300", "{\"hidden_size\": 1e300, \"num_attention_heads\": 4, \"head_dim\": 32, "
+             "\"qk_rope_head_dim\": 16, \"q_lora_rank\": 48, \"o_groups\": 2, \"o_lora_rank\": 24, "
+             "\"sliding_window\": 16, \"compress_ratios\": [0]}", DSV4_ERR_CONFIG, "'hidden_size'");
+  parse_case("hidden_size 2^21 (sizes are bounded so products stay in int64)", "{\"hidden_size\": 2097152, "
+             "\"num_attention_heads\": 4, \"head_dim\": 32, \"qk_rope_head_dim\": 16, \"q_lora_rank\": 48, "
+             "\"o_groups\": 2, \"o_lora_rank\": 24, \"sliding_window\": 16, \"compress_ratios\": [0]}",
+             DSV4_ERR_CONFIG, "hidden_size must be in [1, 1048576]");
+  parse_case("num_hidden_layers 1e19", "{" BASE ", \"compress_ratios\": [0], \"num_hidden_layers\": 1e19}",
+             DSV4_ERR_CONFIG, "1e+19");
+  parse_case("rope_theta 1e999 (inf)", "{" BASE ", \"compress_ratios\": [0], \"rope_theta\": 1e999}", DSV4_ERR_CONFIG,
+             "rope_theta");
+  parse_case("rope_theta a string", "{" BASE ", \"compress_ratios\": [0], \"rope_theta\": \"1e4\"}", DSV4_ERR_CONFIG,
+             "rope_theta");
+  tu_check(dsv4_config_load(&c, "/tmp") == DSV4_ERR_IO && strstr(dsv4_last_error(), "/tmp is a directory") &&
+               !strstr(dsv4_last_error(), "bytes"),
+           "config: a directory as the file says 'is a directory' (%s)", dsv4_last_error());
+  tu_check(dsv4_config_load(&c, "/dev/null") == DSV4_ERR_IO && strstr(dsv4_last_error(), "character device"),
+           "config: a device as the file says so (%s)", dsv4_last_error());
+}
+
 int main(void) {
+  test_namings();
   dsv4_config c;
   const char *presets[] = {"flash", "pro", "tiny"};
   for (int i = 0; i < 3; i++) tu_ok(dsv4_config_preset(&c, presets[i]), presets[i]);

@@ -46,6 +46,11 @@ static void shards(void) {
   st = dsv4_shard_segments(&pk, DSV4_SPLIT_ZIGZAG, 0, 4, &s, &n);
   tu_check(st == DSV4_ERR_ARG && strstr(dsv4_last_error(), "multiple of 8") && strstr(dsv4_last_error(), "zigzag"),
            "shard: zigzag T = 12 over 4 ranks needs a multiple of 8 (%s)", dsv4_last_error());
+  int32_t cub[3] = {0, 64, 128};
+  dsv4_packing bad = {cub, NULL, 2, 100, 1};
+  st = dsv4_shard_segments(&bad, DSV4_SPLIT_CONTIGUOUS, 0, 2, &s, &n);
+  tu_check(st == DSV4_ERR_ARG && strstr(dsv4_last_error(), "T = 100"), "shard: a batch whose cu_seqlens disagree with T (%s)",
+           dsv4_last_error());
   pk.T = 24; /* L = 6 with r = 4 or 128: accepted now, windows may straddle ranks */
   st = dsv4_shard_segments(&pk, DSV4_SPLIT_CONTIGUOUS, 3, 4, &s, &n);
   tu_check(st == DSV4_OK && n == 1 && s[0].g0 == 18 && s[0].len == 6, "shard: T = 24 over 4 ranks, L = 6");

@@ -786,8 +786,34 @@ static void test_diff_keeps_nan(void) {
   tu_check(isnan(tu_max_abs_diff(a, b, 3)), "max_abs_diff: a NaN in the middle is reported");
 }
 
+/* The RoPE table holds a window of positions (a rank deep inside a long document needs only its
+ * own): a rotation at position p has the same bits whatever window holds p, and a window that
+ * grows keeps its old entries. */
+static void test_rope_window(void) {
+  dsv4_config cfg;
+  dsv4_rope a, b;
+  if (!tu_ok(dsv4_config_preset(&cfg, "flash"), "flash preset")) return;
+  if (!tu_ok(dsv4_rope_init(&a, &cfg, 4), "rope init") || !tu_ok(dsv4_rope_init(&b, &cfg, 4), "rope init")) return;
+  const int64_t far = 3000000;
+  int ok = dsv4_rope_reserve(&a, 0, far + 64) == DSV4_OK && dsv4_rope_reserve(&b, far - 64, far + 64) == DSV4_OK &&
+           b.cap < 1024 && dsv4_rope_reserve(&b, far - 300, far - 10) == DSV4_OK && b.lo <= far - 300;
+  float va[64], vb[64];
+  for (int64_t pos = far - 300; ok && pos < far + 64; pos += 7) {
+    tu_fill(va, 64, (uint64_t)pos, 1.0f);
+    memcpy(vb, va, sizeof va);
+    dsv4_rope_apply(&a, va, 64, pos, pos & 1);
+    dsv4_rope_apply(&b, vb, 64, pos, pos & 1);
+    ok = !memcmp(va, vb, sizeof va);
+  }
+  tu_check(ok, "rope: a window of %lld positions around 3M gives the bits of the whole table", (long long)b.cap);
+  tu_check(dsv4_rope_reserve(&b, 10, 5) == DSV4_ERR_ARG, "rope: an inverted position range is refused");
+  dsv4_rope_free(&a);
+  dsv4_rope_free(&b);
+}
+
 int main(void) {
   g_bitwise = dsv4_blas_probe_invariance();
+  test_rope_window();
   if (!g_bitwise) printf("note: this BLAS is not row-position invariant: invariance checked to 1e-5\n");
   test_rmsnorm();
   test_rope();

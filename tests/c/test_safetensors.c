@@ -1,6 +1,7 @@
 /* test_safetensors.c: standalone tests of src/io/safetensors.c (round trips, fp conversions,
- * I64 reads, and malformed files that must fail with the right status and a message naming the
- * file and tensor). Prints "PASS/FAIL safetensors: <check>" per check and a summary line; exits
+ * FP8 decoding by bits, I64 reads, files mixing dtypes the library never reads, paths that are not
+ * regular files, escaped messages, and malformed files that must fail with the right status and a
+ * message naming the file and tensor). Prints "PASS/FAIL safetensors: <check>" per check and a summary line; exits
  * non-zero if any check failed. Temporary files go to a fresh directory under $TMPDIR or /tmp. */
 #include <math.h>
 #include <signal.h>
@@ -242,7 +243,6 @@ static void test_bad_files(void) {
   const char *p = tpath("bad.safetensors");
   unsigned char z[256] = {0};
   expect_fail("nonexistent path", tpath("does_not_exist.safetensors"), DSV4_ERR_IO, "cannot open");
-  expect_fail("directory", dir, DSV4_ERR_IO, NULL);
   write_bytes(p, "", 0);
   expect_fail("empty file", p, DSV4_ERR_FORMAT, NULL);
   write_bytes(p, "\x05\0\0\0\0", 5);
@@ -261,9 +261,11 @@ static void test_bad_files(void) {
   write_st(p, 5, "[1,2]", NULL, 0);
   expect_fail("JSON array instead of object", p, DSV4_ERR_FORMAT, "not an object");
   struct { const char *what, *json; size_t data; dsv4_status st; const char *sub; } cases[] = {
-      {"unknown dtype", T1("Q7", "[1]", "[0,4]"), 4, DSV4_ERR_FORMAT, "'x'"},
-      {"lowercase dtype", T1("f32", "[1]", "[0,4]"), 4, DSV4_ERR_FORMAT, "'x'"},
-      {"valid but unsupported dtype U8", T1("U8", "[4]", "[0,4]"), 4, DSV4_ERR_UNSUPPORTED, "'x'"},
+      {"dtype not a string", "{\"x\":{\"dtype\":7,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, DSV4_ERR_FORMAT,
+       "'x'"},
+      {"I8 size mismatch", T1("I8", "[4]", "[0,8]"), 8, DSV4_ERR_FORMAT, "do not match dtype I8"},
+      {"F4 of an odd count (half a byte)", T1("F4", "[3]", "[0,2]"), 2, DSV4_ERR_FORMAT, "whole bytes"},
+      {"unknown dtype past the end", T1("Q7", "[1]", "[0,9]"), 8, DSV4_ERR_FORMAT, "'x'"},
       {"negative shape", T1("F32", "[-1]", "[0,4]"), 4, DSV4_ERR_FORMAT, "'x'"},
       {"fractional shape", T1("F32", "[1.5]", "[0,4]"), 4, DSV4_ERR_FORMAT, "'x'"},
       {"shape not an array", T1("F32", "4", "[0,16]"), 16, DSV4_ERR_FORMAT, "'x'"},
@@ -295,6 +297,106 @@ static void test_bad_files(void) {
       write_st(p, strlen(cases[i].json), cases[i].json, z, cases[i].data);
   expect_fail("overlap message names both tensors", p, DSV4_ERR_FORMAT,
               "'a' [0, 16] and 'b' [8, 24] overlap");
+  unlink(p);
+}
+
+/* Released checkpoints mix dtypes the library never reads (I8 experts, FP8, ...): the file opens,
+ * sizes are checked per dtype (F4 packs two per byte), and only reading such a tensor fails. */
+static void test_other_dtypes(void) {
+  const char *p = tpath("mixed.safetensors");
+  const char *json = "{\"i8\":{\"dtype\":\"I8\",\"shape\":[2,3],\"data_offsets\":[0,6]},"
+                     "\"f8\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[6,8]},"
+                     "\"s\":{\"dtype\":\"F8_E8M0\",\"shape\":[1],\"data_offsets\":[8,9]},"
+                     "\"f4\":{\"dtype\":\"F4\",\"shape\":[4],\"data_offsets\":[9,11]},"
+                     "\"u8\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[11,12]},"
+                     "\"q7\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[12,15]},"
+                     "\"low\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[15,16]},"
+                     "\"ok\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[16,20]}}";
+  unsigned char data[20] = {1, 2, 3, 4, 5, 6, 0x38, 0xb8, 127};
+  float one = 1.5f, o[8];
+  memcpy(data + 16, &one, 4);
+  write_st(p, strlen(json), json, data, 20);
+  dsv4_st_file *f = NULL;
+  int ok = dsv4_st_open(&f, p) == DSV4_OK && dsv4_st_count(f) == 8;
+  check(ok, "file mixing I8, F8_E4M3, F8_E8M0, F4, U8 and unknown dtypes opens");
+  if (!ok) return;
+  const dsv4_st_info *t = dsv4_st_find(f, "f8"), *q = dsv4_st_find(f, "q7");
+  check(t->dtype == DSV4_DT_F8_E4M3 && !strcmp(t->dtype_name, "F8_E4M3") && dsv4_st_find(f, "s")->dtype ==
+        DSV4_DT_F8_E8M0 && dsv4_st_find(f, "i8")->dtype == DSV4_DT_OTHER && q->dtype == DSV4_DT_OTHER &&
+        !strcmp(q->dtype_name, "Q7"), "dtypes recognised, other names kept");
+  check(dsv4_st_read_f32(f, dsv4_st_find(f, "ok"), o) == DSV4_OK && o[0] == 1.5f, "an F32 tensor next to them reads");
+  const char *names[] = {"i8", "f8", "s", "f4", "u8", "q7", "low"};
+  const char *dts[] = {"I8", "F8_E4M3", "F8_E8M0", "F4", "U8", "Q7", "f32"};
+  ok = 1;
+  for (int i = 0; i < 7; i++) {
+    dsv4_clear_error();
+    char want[64];
+    snprintf(want, sizeof want, "has dtype %s", dts[i]);
+    ok &= dsv4_st_read_f32(f, dsv4_st_find(f, names[i]), o) == DSV4_ERR_TENSOR &&
+          strstr(dsv4_last_error(), want) && strstr(dsv4_last_error(), names[i]);
+  }
+  check(ok, "reading any of them as floats -> DSV4_ERR_TENSOR naming tensor and dtype");
+  unsigned char raw[3] = {0};
+  check(dsv4_st_read_bytes(f, t, 0, raw, 2) == DSV4_OK && raw[0] == 0x38 && raw[1] == 0xb8 &&
+        dsv4_st_read_bytes(f, q, 1, raw, 2) == DSV4_OK && raw[0] == 0 &&
+        dsv4_st_read_bytes(f, t, 1, raw, 2) == DSV4_ERR_ARG, "read_bytes: raw ranges, out of range refused");
+  dsv4_st_close(f);
+  unlink(p);
+}
+
+/* FP8 by bits: all 256 E4M3 codes against ldexp of the formula, E8M0 at 0, 1, 127, 254, 255. */
+static void test_fp8(void) {
+  int ok = 1;
+  for (int b = 0; b < 256; b++) {
+    const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    const float got = dsv4_e4m3_to_f32((uint8_t)b);
+    if (e == 15 && m == 7) {
+      ok &= isnan(got) != 0;
+      continue;
+    }
+    const double want = (s ? -1.0 : 1.0) * (e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10));
+    ok &= (double)got == want && !!signbit(got) == (s != 0);
+    if ((double)got != want) printf("    e4m3 0x%02x: got %a want %a\n", b, got, want);
+  }
+  check(ok && dsv4_e4m3_to_f32(0x7e) == 448.0f && dsv4_e4m3_to_f32(0xfe) == -448.0f &&
+        dsv4_e4m3_to_f32(0x01) == 0x1p-9f && dsv4_e4m3_to_f32(0x07) == 7 * 0x1p-9f &&
+        dsv4_e4m3_to_f32(0x08) == 0x1p-6f && dsv4_e4m3_to_f32(0x38) == 1.0f,
+        "E4M3 all 256 codes by bits (subnormals, 448, -0, NaN at 0x7f/0xff)");
+  check(fbits(dsv4_e8m0_to_f32(0)) == 0x00400000u && dsv4_e8m0_to_f32(0) == 0x1p-127f &&
+        dsv4_e8m0_to_f32(1) == 0x1p-126f && dsv4_e8m0_to_f32(127) == 1.0f && dsv4_e8m0_to_f32(120) == 0x1p-7f &&
+        dsv4_e8m0_to_f32(254) == 0x1p127f && isnan(dsv4_e8m0_to_f32(255)),
+        "E8M0 bytes 0 (2^-127 subnormal), 1, 120 (2^-7, not 120.0), 127, 254, 255 (NaN)");
+}
+
+/* Paths that are not regular files: one true message, no hang on a FIFO. */
+static void test_not_regular(void) {
+  const char *fifo = tpath("fifo.safetensors");
+  expect_fail("a directory says so", dir, DSV4_ERR_IO, "is a directory");
+  int ok = mkfifo(fifo, 0600) == 0;
+  if (ok) expect_fail("a FIFO says so (and does not block)", fifo, DSV4_ERR_IO, "is a FIFO");
+  else check(0, "mkfifo");
+  unlink(fifo);
+  expect_fail("a character device says so", "/dev/null", DSV4_ERR_IO, "character device");
+}
+
+/* Error messages quote names from the file: control bytes and bytes >= 0x7f come out as \xNN, so
+ * the message is one printable line. */
+static void test_escaped_messages(void) {
+  const char *p = tpath("esc.safetensors");
+  const char *json = "{\"a\\nb\\u001b[31m\":{\"dtype\":\"I\\n8\u00e9\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+  unsigned char z[4] = {0};
+  float o[1];
+  write_st(p, strlen(json), json, z, 4);
+  dsv4_st_file *f = NULL;
+  int ok = dsv4_st_open(&f, p) == DSV4_OK;
+  ok = ok && dsv4_st_read_f32(f, dsv4_st_at(f, 0), o) == DSV4_ERR_TENSOR;
+  const char *m = dsv4_last_error();
+  int printable = 1;
+  for (const char *c = m; *c; c++) printable &= *c >= 0x20 && *c < 0x7f;
+  ok = ok && printable && strstr(m, "'a\\x0ab\\x1b[31m'") && strstr(m, "I\\x0a8\\xc3\\xa9");
+  check(ok, "tensor name and dtype with newline, ESC and UTF-8 are escaped as \\xNN in the message");
+  if (!ok) printf("    message: %s\n", m);
+  dsv4_st_close(f);
   unlink(p);
 }
 
@@ -396,7 +498,11 @@ int main(void) {
   test_conversions();
   test_roundtrip();
   test_i64_f64();
+  test_fp8();
   test_bad_files();
+  test_other_dtypes();
+  test_not_regular();
+  test_escaped_messages();
   test_truncated();
   test_writer_errors();
   check(rmdir(dir) == 0, "no files left in the temporary directory");

@@ -1,0 +1,48 @@
+/* fuzz_safetensors.c: the safetensors reader on arbitrary bytes: dsv4_st_open must either refuse
+ * the file with an error or accept it, and then every tensor of a readable dtype must read (or
+ * fail) without touching memory it should not; the same file as a one-file checkpoint goes through
+ * the weight loader (layer prefixes, FP8 dequantisation with block scales) of a small config. */
+#include "fuzz_util.h"
+#include "io/checkpoint.h"
+#include "model/weights.h"
+
+/* A small V4-shaped config with 4 x 4 FP8 blocks; layer 1 is CSA (every tensor kind), 3 is MTP. */
+static const char *CONFIG =
+    "{\"hidden_size\": 16, \"num_attention_heads\": 2, \"head_dim\": 8, \"qk_rope_head_dim\": 4, \"q_lora_rank\": 8,"
+    " \"o_groups\": 1, \"o_lora_rank\": 4, \"sliding_window\": 4, \"index_n_heads\": 1, \"index_head_dim\": 8,"
+    " \"index_topk\": 2, \"compress_ratios\": [0, 4, 128, 0], \"num_hidden_layers\": 3,"
+    " \"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [4, 4]}}";
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  static dsv4_weights *w[2];
+  if (!w[0]) {
+    dsv4_config cfg;
+    if (dsv4_config_parse(&cfg, CONFIG) || dsv4_weights_create(&w[0], &cfg, 1) || dsv4_weights_create(&w[1], &cfg, 3))
+      abort();
+  }
+  const char *path = fuzz_file("x.safetensors", data, size);
+  dsv4_st_file *f = NULL;
+  if (dsv4_st_open(&f, path) == DSV4_OK) {
+    for (int i = 0; i < dsv4_st_count(f); i++) {
+      const dsv4_st_info *t = dsv4_st_at(f, i);
+      const uint64_t bytes = t->end - t->begin;
+      void *buf = malloc(bytes / 2 * 4 + 8); /* room for fp32 from 2-byte elements too */
+      uint8_t one[1];
+      if (t->dtype == DSV4_DT_I32 || t->dtype == DSV4_DT_I64) dsv4_st_read_i32(f, t, buf);
+      else dsv4_st_read_f32(f, t, buf);
+      if (bytes) dsv4_st_read_bytes(f, t, bytes - 1, one, 1);
+      dsv4_st_read_bytes(f, t, bytes, one, 1); /* past the end: refused */
+      free(buf);
+      dsv4_st_find(f, t->name);
+    }
+    dsv4_st_close(f);
+  }
+  for (int k = 0; k < 2; k++) {
+    dsv4_ckpt *c = NULL;
+    dsv4_ckpt_tensor src[W_COUNT];
+    if (dsv4_ckpt_open(&c, path) == DSV4_OK && dsv4_weights_locate(w[k], c, src) == DSV4_OK)
+      dsv4_weights_read(w[k], src);
+    dsv4_ckpt_close(c);
+  }
+  return 0;
+}
