@@ -94,6 +94,21 @@ check(torch.equal(run(m4, backward=False)[0], r3[0]), "a parameter whose .data w
 m4.load_weights(wpath)
 check(torch.equal(run(m4, backward=False)[0], base[0]), "load_weights after a rebind: parameters view the loaded weights")
 
+# a sharded checkpoint (index file, tensors split over two shards) through the library's loader
+import json  # noqa: E402
+import tempfile  # noqa: E402
+with tempfile.TemporaryDirectory() as ck:
+    full = st.read(wpath)
+    names = sorted(full)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in shards.items():
+        st.write(os.path.join(ck, shard), {k: full[k] for k in keys})
+    with open(os.path.join(ck, "model.safetensors.index.json"), "w") as fh:
+        json.dump({"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}, fh)
+    m5 = dsv4cp.Attention(cfg_path, layer, seed=3)
+    m5.load_weights(ck)
+    check(torch.equal(run(m5, backward=False)[0], base[0]), "load_weights of a sharded checkpoint directory")
+
 # x as float64 and non-contiguous: same bits as contiguous fp32; x.grad in x's dtype
 x64 = x0.double()
 r5 = run(m, x64)
