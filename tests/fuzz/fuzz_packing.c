@@ -43,10 +43,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(rows);
   }
   dsv4_cp_stats st;
-  size_t wb, sb;
+  dsv4_memory_plan mp;
+  const dsv4_plan_opts po = {0, 1};
   if (rank >= 0 && rank < N) {
     dsv4_cp_plan_traffic(&cfg, layer, &pk, &cp, rank, N, &st);
-    dsv4_cp_plan_memory(&cfg, layer, &pk, &cp, rank, N, &wb, &sb);
+    dsv4_cp_plan_memory(&cfg, layer, &pk, &cp, &po, rank, N, &mp);
   }
   if (strchr(dsv4_last_error(), '\n')) abort();
   return 0;
