@@ -15,16 +15,7 @@ mkdir -p "$OUT"
 rm -f "$OUT/results.jsonl" "$OUT/peer.jsonl" "$OUT/plan.txt"
 SEQS=${BENCH_SEQS:-"1024 4096 8192"}
 PEER=${BENCH_PEER:-1}
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-# The same OpenBLAS kernels for both sides: dsv4cp picks the AVX-512/AVX2 kernels itself (Debian's
-# OpenBLAS 0.3.21 falls back to SSE3 on this CPU); the PyTorch peer runs on the system OpenBLAS too
-# and gets the same choice through the environment.
-if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-  if grep -q avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-  elif grep -q avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
-fi
-MPIRUN="mpirun --quiet --oversubscribe --bind-to none -np 2"
-[ "$(id -u)" -eq 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+. bench/common.sh
 total=0
 for s in $SEQS; do total=$((total + 3 * (4 + PEER))); [ "$s" -ge 4096 ] && total=$((total + 3)); done
 k=0

@@ -11,13 +11,7 @@ OUT=bench/out
 mkdir -p "$OUT"
 rm -f "$OUT/results_long.jsonl"
 SEQ=${BENCH_LONG_SEQ:-65536}
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-  if grep -q avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-  elif grep -q avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
-fi
-MPIRUN="mpirun --quiet --oversubscribe --bind-to none -np 2"
-[ "$(id -u)" -eq 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+. bench/common.sh
 for layer in 2 3; do
   echo "[long] layer $layer, $SEQ tokens, CP = 2, recomputation: planned memory per rank"
   "$BUILD/dsv4cp" plan --seq "$SEQ" --ranks 2 --recompute --layer "$layer" | sed -n 's/^  memory/  memory/p;/= /p'

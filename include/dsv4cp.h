@@ -230,6 +230,11 @@ typedef struct {
                                teacher of each selected row, mean over heads of the per-head softmax
                                of the compressed logits alone (no window, no sink); 0 at -1 ids.
                                Costs a few exps: the logits are the attention's own. */
+  float *scores_out;        /* [S1, score_stride] out, may be NULL (fast path): each query's scaled
+                               logits as the forward computed them, window keys [H, nw] then
+                               compressed keys [H, nc]; a backward given them (dsv4_attn_bwd_args
+                               .scores) skips recomputing them (bitwise the same results) */
+  int64_t score_stride;     /* floats per query in scores_out / scores (>= H times the keys) */
 } dsv4_attn_args;
 
 /* Backward of sparse_attn_sharedkv. Same keys as the forward. */
@@ -241,6 +246,8 @@ typedef struct {
   const float *dout;        /* [S1, H, D] */
   const float *out;         /* [S1, H, D] forward output */
   const float *lse;         /* [S1, H] forward lse */
+  const float *scores;      /* [S1, fwd.score_stride] the forward's scores_out; may be NULL (fast path:
+                               recomputed from q and the keys, as FlashAttention does) */
   dsv4_attn_args fwd;       /* the forward's arguments (out/lse fields ignored) */
 } dsv4_attn_bwd_args;
 

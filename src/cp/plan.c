@@ -63,6 +63,21 @@ static int cmp_owner(const void *a, const void *b) {
   return (x->g0 > y->g0) - (x->g0 < y->g0);
 }
 
+/* Every rank's segments, sorted by first row (*all allocated; caller frees). */
+static dsv4_status owner_list(const dsv4_layout *lays, int size, owner_seg **all, int *n_all) {
+  dsv4_status rc = DSV4_OK;
+  int n = 0;
+  for (int q = 0; q < size; q++) n += lays[q].n_seg;
+  DSV4_ALLOC(*all, n);
+  n = 0;
+  for (int q = 0; q < size; q++)
+    for (int s = 0; s < lays[q].n_seg; s++) (*all)[n++] = (owner_seg){lays[q].seg[s].g0, lays[q].seg[s].len, q, s};
+  qsort(*all, (size_t)n, sizeof **all, cmp_owner);
+  *n_all = n;
+fail:
+  return rc;
+}
+
 /* Segment of all ranks that holds global row g (binary search over the sorted list). */
 static const owner_seg *owner_of(const owner_seg *v, int n, int64_t g) {
   int lo = 0, hi = n - 1;
@@ -122,13 +137,7 @@ static dsv4_status build_plan(const dsv4_layout *lays, int size, int me, cp_halo
   owner_seg *all = NULL;
   int n_all = 0;
   memset(p, 0, sizeof *p);
-  for (int q = 0; q < size; q++) n_all += lays[q].n_seg;
-  DSV4_ALLOC(all, n_all);
-  n_all = 0;
-  for (int q = 0; q < size; q++)
-    for (int s = 0; s < lays[q].n_seg; s++)
-      all[n_all++] = (owner_seg){lays[q].seg[s].g0, lays[q].seg[s].len, q, s};
-  qsort(all, (size_t)n_all, sizeof *all, cmp_owner);
+  DSV4_TRY(owner_list(lays, size, &all, &n_all));
   for (int q = 0; q < size; q++) {
     for (int s = 0; s < lays[q].n_seg; s++) {
       const dsv4_seg *d = &lays[q].seg[s];
@@ -175,14 +184,8 @@ dsv4_status cp_plan_halo_counts(const dsv4_layout *lays, int size, cp_halo kind,
   dsv4_status rc = DSV4_OK;
   owner_seg *all = NULL;
   int *peers = NULL, n_all = 0;
-  for (int q = 0; q < size; q++) n_all += lays[q].n_seg;
-  DSV4_ALLOC(all, n_all);
+  DSV4_TRY(owner_list(lays, size, &all, &n_all));
   DSV4_ALLOC(peers, size);
-  n_all = 0;
-  for (int q = 0; q < size; q++)
-    for (int s = 0; s < lays[q].n_seg; s++)
-      all[n_all++] = (owner_seg){lays[q].seg[s].g0, lays[q].seg[s].len, q, s};
-  qsort(all, (size_t)n_all, sizeof *all, cmp_owner);
   for (int q = 0; q < size; q++) {
     int n_peers = 0;
     for (int s = 0; s < lays[q].n_seg; s++) {

@@ -149,6 +149,20 @@ dsv4_status dsv4_core_bwd_recompute(dsv4_core *c, int64_t i0, int64_t n, const f
     at.cmp_ids = sv->topk + i0 * k;
     at.n_cmp_ids = k;
   }
+  /* the fast path keeps the chunk's logits for the backward: the same product of the same values,
+   * so the backward skips recomputing it (its q.K^T is 2 H D flops per key and query) */
+  sv->rc_scores = NULL;
+  if (c->impl == DSV4_IMPL_FAST) {
+    int64_t keys = 0;
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t k_i = sv->win_len[i0 + i] + (c->ratio == 4 ? k : c->ratio > 0 ? sv->cmp_count[i0 + i] : 0);
+      keys = k_i > keys ? k_i : keys;
+    }
+    sv->rc_stride = (int64_t)H * keys;
+    DSV4_SLOT(sv->rc_scores, c->slot[CS_RC_SCORES], n * sv->rc_stride);
+    at.scores_out = sv->rc_scores;
+    at.score_stride = sv->rc_stride;
+  }
   DSV4_TRY(dsv4_kernels_get(c->impl)->attn(&at));
   if (c->ratio == 4) {
     const int Hi = c->cfg.index_n_heads, Di = c->cfg.index_head_dim;
@@ -170,13 +184,13 @@ dsv4_status dsv4_core_bwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
              "core backward: bad rows [%lld, %lld) or NULL buffers", (long long)i0, (long long)(i0 + n));
   dsv4_attn_bwd_args ab = {
       .dq = dq, .d_ori_kv = sv->d_ext, .d_cmp_kv = sv->d_cmp, .d_sink = dsv4_w(sv->grads, W_SINK),
-      .dout = d_o, .out = o, .lse = sv->lse + i0 * H,
+      .dout = d_o, .out = o, .lse = sv->lse + i0 * H, .scores = c->recompute ? sv->rc_scores : NULL,
       .fwd = {.q = q, .ori_kv = sv->kv_ext ? sv->kv_ext : sv->kv, .win_start = sv->win_start + i0,
               .win_len = sv->win_len + i0, .cmp_kv = sv->cmp, .cmp_ids = r == 4 ? sv->topk + i0 * k : NULL,
               .cmp_begin = sv->cmp_begin ? sv->cmp_begin + i0 : NULL,
               .cmp_count = sv->cmp_count ? sv->cmp_count + i0 : NULL, .sink = dsv4_w(c->w, W_SINK), .S1 = n,
               .R = sv->lay.R_kv, .C = sv->docs.n_cmp, .H = H, .D = D, .n_cmp_ids = r == 4 ? k : 0,
-              .scale = (float)(1.0 / sqrt((double)D))}};
+              .scale = (float)(1.0 / sqrt((double)D)), .score_stride = sv->rc_stride}};
   dsv4_placement places[5];
   dsv4_attn_places(places, sv->lay.R_kv - n);
   DSV4_TRY(dsv4_sparse_attn_bwd_dist(&ab, sv->xch.nranks, places, c->impl));

@@ -152,6 +152,9 @@ typedef struct {
   dsv4_weights *grads;
   float d_loss;
   float *d_ext, *d_cmp, *d_KI;        /* [R_kv, D], [n_cmp, D], [n_cmp, Di] */
+  float *rc_scores;                   /* recomputation: the chunk's attention logits, handed from the
+                                         recomputed forward to the backward ([chunk, rc_stride]) */
+  int64_t rc_stride;
 } dsv4_core_saved;
 
 /* Buffers kept across calls (util/slot.h): one per saved tensor, then the temporaries. A forward
@@ -169,6 +172,7 @@ enum {
   CS_SLOTS_IDX_ALL,                      CS_DZ = CS_SLOTS_IDX_ALL,           /* [n_blk_all, Di] | [R_c, cD] */
   CS_WIN_STATE,                          CS_D_QI = CS_WIN_STATE,             /* [2, n, H]       | [chunk, Hi Di] */
   CS_RC_LSE,                             CS_D_WI = CS_RC_LSE,                /* [chunk, H] (recomputed lse) | [chunk, Hi] */
+  CS_RC_SCORES,                          /* recomputation: the chunk's attention logits [chunk, H, keys] */
   CS_COUNT
 };
 

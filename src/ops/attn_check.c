@@ -19,6 +19,12 @@ dsv4_status dsv4_attn_check(const dsv4_attn_args *a) {
     DSV4_CHECK(n >= 0 && s >= 0 && s + n <= a->R, DSV4_ERR_ARG,
                "sparse_attn: window of query %lld [%lld, %lld) outside ori_kv rows [0, %lld)",
                (long long)p, (long long)s, (long long)(s + n), (long long)a->R);
+    if (a->scores_out) { /* room for the window's and the compressed keys' logits of every query */
+      const int64_t keys = n + (a->cmp_kv ? (a->cmp_ids ? a->n_cmp_ids : a->cmp_count[p]) : 0);
+      DSV4_CHECK(a->score_stride >= (int64_t)a->H * keys, DSV4_ERR_ARG,
+                 "sparse_attn: score_stride %lld below %lld logits of query %lld", (long long)a->score_stride,
+                 (long long)a->H * keys, (long long)p);
+    }
     if (!a->cmp_kv) continue;
     if (a->cmp_ids) {
       for (int j = 0; j < a->n_cmp_ids; j++) {
@@ -44,6 +50,7 @@ dsv4_status dsv4_attn_bwd_check(const dsv4_attn_bwd_args *b) {
   dsv4_attn_args chk = b->fwd; /* the forward's checks, with the forward's outputs as given here */
   chk.out = (float *)b->out;
   chk.lse = (float *)b->lse;
+  if (b->scores) chk.scores_out = (float *)b->scores; /* the same layout checks */
   DSV4_TRY(dsv4_attn_check(&chk));
   DSV4_CHECK(b->dq && b->d_ori_kv && b->d_sink && b->dout, DSV4_ERR_ARG,
              "sparse_attn backward: a required pointer is NULL");

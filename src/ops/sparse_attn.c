@@ -125,6 +125,7 @@ dsv4_status dsv4_sparse_attn_window_progress(const dsv4_attn_args *a, float *m_w
         continue;
       }
       dsv4_gemm_nt(H, nw, D, a->scale, q, D, Kw, D, 0.0f, S, nw);
+      if (a->scores_out) memcpy(a->scores_out + p * a->score_stride, S, sizeof(float) * (size_t)H * nw);
       softmax_rows(S, H, nw, m_w + p * H, l_w + p * H);
       dsv4_gemm_nn(H, D, nw, 1.0f, S, nw, Kw, D, 0.0f, o, D);
     }
@@ -167,6 +168,8 @@ dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, c
       const float *Kc = cmp_keys(a, p, sc.rows, sc.Kc, &nc);
       if (nc > 0) {
         dsv4_gemm_nt(H, nc, D, a->scale, a->q + p * H * D, D, Kc, D, 0.0f, sc.S, nc);
+        if (a->scores_out)
+          memcpy(a->scores_out + p * a->score_stride + (int64_t)H * a->win_len[p], sc.S, sizeof(float) * (size_t)H * nc);
         for (int h = 0; h < H; h++) mc[h] = dsv4_max(sc.S + (int64_t)h * nc, nc);
       }
       if (a->teacher && a->cmp_ids) write_teacher(a, p, sc.S, nc, sc.t, sc.e);
@@ -215,12 +218,16 @@ fail:
  *   dq += dS K;   dK = dS^T q + P^T dO  (key and value are one vector: both terms land on K).
  * QO is [q; dO] stacked [2H, D] and SP the scratch [dS; P] stacked [2H, n], so dK is ONE product
  * with inner dimension 2H (128 at V4-Flash sizes) instead of two with H: half the output passes.
+ * S_fwd: the forward's scaled logits of this block (dsv4_attn_args.scores_out), or NULL.
  * dK receives the key gradients (beta 0: overwrite, 1: accumulate). */
 static void bwd_block(const dsv4_attn_args *a, const float *QO, const float *lse, const float *delta,
-                      const float *K, int n, float *SP, float *dq, int first, float *dK, float beta) {
+                      const float *K, int n, const float *S_fwd, float *SP, float *dq, int first, float *dK,
+                      float beta) {
   const int H = a->H, D = a->D;
   float *dS = SP, *P = SP + (int64_t)H * n;
-  dsv4_gemm_nt(H, n, D, a->scale, QO, D, K, D, 0.0f, P, n);
+  /* the forward's logits when it kept them: the same product of the same values, so the same bits */
+  if (S_fwd) memcpy(P, S_fwd, sizeof(float) * (size_t)H * n);
+  else dsv4_gemm_nt(H, n, D, a->scale, QO, D, K, D, 0.0f, P, n);
   dsv4_gemm_nt(H, n, D, 1.0f, QO + (int64_t)H * D, D, K, D, 0.0f, dS, n);
   for (int h = 0; h < H; h++) {
     float *pr = P + (int64_t)h * n, *ds = dS + (int64_t)h * n;
@@ -274,19 +281,20 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
       memcpy(QO, q, sizeof(float) * H * D);
       memcpy(QO + H * D, dO, sizeof(float) * H * D);
       const int64_t ws0 = a->win_start[p];
-      bwd_block(a, QO, lse, delta, a->ori_kv + ws0 * D, nw, sc.SP, dq, 1, d_ori + ws0 * D, 1.0f);
+      const float *S_w = b->scores ? b->scores + p * a->score_stride : NULL, *S_c = S_w ? S_w + (int64_t)H * nw : NULL;
+      bwd_block(a, QO, lse, delta, a->ori_kv + ws0 * D, nw, S_w, sc.SP, dq, 1, d_ori + ws0 * D, 1.0f);
       int nc;
       const float *K = cmp_keys(a, p, sc.rows, Kc, &nc);
       if (nc == 0) continue;
       if (a->cmp_ids) {
-        bwd_block(a, QO, lse, delta, K, nc, sc.SP, dq, 0, dKc, 0.0f);
+        bwd_block(a, QO, lse, delta, K, nc, S_c, sc.SP, dq, 0, dKc, 0.0f);
         for (int j = 0; j < nc; j++) {
           float *dst = d_cmp + (int64_t)sc.rows[j] * D;
           const float *src = dKc + (int64_t)j * D;
           for (int e = 0; e < D; e++) dst[e] += src[e];
         }
       } else {
-        bwd_block(a, QO, lse, delta, K, nc, sc.SP, dq, 0, d_cmp + (int64_t)sc.rows[0] * D, 1.0f);
+        bwd_block(a, QO, lse, delta, K, nc, S_c, sc.SP, dq, 0, d_cmp + (int64_t)sc.rows[0] * D, 1.0f);
       }
     }
   }

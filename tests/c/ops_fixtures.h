@@ -171,7 +171,7 @@ static inline void attn_bind(attn_prob *P) {
   P->a = (dsv4_attn_args){P->out, P->lse, P->q, P->ori_kv, P->win_start, P->win_len, P->cmp_kv,
                           P->cmp_ids, P->cmp_begin, P->cmp_count, P->sink, sp->S1, P->R, sp->C,
                           sp->H, sp->D, sp->mode == CMP_IDS ? sp->n_ids : 0,
-                          (float)(1.0 / sqrt(sp->D)), NULL};
+                          (float)(1.0 / sqrt(sp->D)), NULL, NULL, 0};
 }
 
 static inline void attn_make(attn_prob *P, const attn_spec *sp) {

@@ -633,7 +633,7 @@ static dsv4_status attn_bwd_fast(const dsv4_attn_args *a) {
   const int64_t nq = a->S1 * a->H * a->D;
   float *dq = FALLOC(nq), *dout = FALLOC(nq), *dkv = FALLOC(a->R * a->D), *dcmp = FALLOC(a->C * a->D);
   float *ds = FALLOC(a->H);
-  dsv4_attn_bwd_args b = {dq, dkv, dcmp, ds, dout, a->out, a->lse, *a};
+  dsv4_attn_bwd_args b = {dq, dkv, dcmp, ds, dout, a->out, a->lse, NULL, *a};
   dsv4_status st = dsv4_sparse_attn_bwd(&b);
   free(dq); free(dout); free(dkv); free(dcmp); free(ds);
   return st;

@@ -99,7 +99,7 @@ static void attn_grads_free(attn_grads *g) { free(g->dq); free(g->d_ori); free(g
 static void attn_fwd_bwd(attn_prob *P, int naive, const float *dout, attn_grads *g) {
   tu_ok((naive ? dsv4_sparse_attn_ref : dsv4_sparse_attn)(&P->a), "sparse_attn");
   dsv4_attn_bwd_args b = {g->dq, g->d_ori, P->cmp_kv ? g->d_cmp : NULL, g->d_sink, dout, P->out,
-                          P->lse, P->a};
+                          P->lse, NULL, P->a};
   tu_ok((naive ? dsv4_sparse_attn_bwd_ref : dsv4_sparse_attn_bwd)(&b), "sparse_attn_bwd");
 }
 
