@@ -162,9 +162,12 @@ def test_input_memory(build, bitwise):
         if not T.check(peak[n] is not None, f"cp input memory: N={n} runs and reports each rank's peak memory",
                        err.strip()[-200:]):
             return
-    T.check(peak[4] < 0.45 * peak[1],
-            f"cp input memory: 4 x 128 MiB of x, dout, out, dx per rank fall as 1/N (largest rank {peak[4]:.0f} MiB "
-            f"at N=4 against {peak[1]:.0f} MiB at N=1)")
+    if T.sanitized():  # ASan's quarantine keeps freed buffers resident (256 MiB by default): no 1/N to see
+        print(f"note: cp input memory ratio not judged in the sanitizer pass ({peak[4]:.0f} vs {peak[1]:.0f} MiB)")
+    else:
+        T.check(peak[4] < 0.45 * peak[1],
+                f"cp input memory: 4 x 128 MiB of x, dout, out, dx per rank fall as 1/N (largest rank "
+                f"{peak[4]:.0f} MiB at N=4 against {peak[1]:.0f} MiB at N=1)")
     fails = T.compare_cp(outs[4], outs[1], "io", bitwise)
     T.check(not fails, "cp input memory: the file rank 0 streams at N=4 equals N=1's", "; ".join(fails))
     for f in os.listdir(d):

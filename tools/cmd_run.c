@@ -7,7 +7,7 @@
 #include "job.h"
 
 static const char *USAGE =
-    "usage: dsv4cp run (--config config.json | --preset NAME) --layer L [--weights w.safetensors]\n"
+    "usage: dsv4cp run (--config config.json | --preset NAME) --layer L [--weights PATH]\n"
     "                  [--input in.safetensors] [--grad-output g.safetensors] --output out.safetensors\n"
     "                  [--seed S] [--seq S --batch B] [--split MODE] [--quiet]\n"
     "\n"

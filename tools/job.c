@@ -32,7 +32,8 @@ int job_common_opts(job_opts *o, cli_opt *opts, job_cmd cmd) {
                         &o->preset, NULL};
   opts[n++] = (cli_opt){"layer", "L", "layer index; its compress ratio picks the layer kind (required)", &o->layer,
                         NULL};
-  opts[n++] = (cli_opt){"weights", "FILE", "safetensors with the layer's tensors (default: random from --seed)",
+  opts[n++] = (cli_opt){"weights", "PATH", "the layer's tensors: .safetensors, model.safetensors.index.json or "
+                        "a directory holding one (default: random from --seed)",
                         &o->weights, NULL};
   opts[n++] = (cli_opt){"input", "FILE", "x [T, d] (+ cu_seqlens, seqlens_real) or x [B, S, d] (default: random "
                         "from --seed)", &o->input, NULL};
