@@ -86,17 +86,25 @@ def expect_loud_failure(name, rc, err, n, seconds):
                    + (f" ({lines[0][15:]})" if lines else f" stderr: {err.strip()[-200:]}"))
 
 
+def run_one(build, d, layer, label):
+    """The case's CP = 1 run, checked against the float64 reference: its output path, or None."""
+    one = os.path.join(d, "cp1.safetensors")
+    rc, out, err = T.cli(build, ["run"] + T.case_files(d, layer) + ["--output", one])
+    if not T.check(rc == 0, f"{label} N=1 runs", err.strip()[-200:]):
+        return None
+    ok, line = T.compare_ref(one, os.path.join(d, "exp.safetensors"), label)
+    T.check(ok, f"{label} N=1 vs float64 reference", line)
+    return one
+
+
 def run_case(build, name, args, bitwise, ranks=RANKS, ref_each=True):
     """CP = 1 against the reference, then every N in ranks and both splits against CP = 1 (and,
     with ref_each, each against the reference too). A split SPEC 5 forbids must fail loudly."""
     d, layer = T.make_case(build, name, args)
     total, seq, batched = case_shape(d)
-    one = os.path.join(d, "cp1.safetensors")
-    rc, out, err = T.cli(build, ["run"] + T.case_files(d, layer) + ["--output", one])
-    if not T.check(rc == 0, f"cp {name} N=1 runs", err.strip()[-200:]):
+    one = run_one(build, d, layer, f"cp {name}")
+    if one is None:
         return
-    ok, line = T.compare_ref(one, os.path.join(d, "exp.safetensors"), name)
-    T.check(ok, f"cp {name} N=1 vs float64 reference", line)
     for n in ranks:
         for zigzag in (False, True):
             if zigzag and n == 3 and ref_each:
@@ -221,12 +229,9 @@ def test_random_against_reference(build, bitwise, count=6):
         name = f"cp_random_{i}"
         args = f"--ratio {ratio} --layer {layer} --seed {80 + i} --window {rng.randint(1, 20)} --docs {docs}"
         d, _ = T.make_case(build, name, args)
-        one = os.path.join(d, "cp1.safetensors")
-        rc, out, err = T.cli(build, ["run"] + T.case_files(d, layer) + ["--output", one])
-        if not T.check(rc == 0, f"{name} (r={ratio} docs {docs}) N=1 runs", err.strip()[-200:]):
+        one = run_one(build, d, layer, f"{name} (r={ratio} docs {docs})")
+        if one is None:
             continue
-        ok, line = T.compare_ref(one, os.path.join(d, "exp.safetensors"), name)
-        T.check(ok, f"{name} (r={ratio} docs {docs}) N=1 vs float64 reference", line)
         outp = os.path.join(d, "cpn.safetensors")
         rc, out, err = T.cli(build, ["run"] + T.case_files(d, layer) + ["--output", outp]
                              + (["--split", "zigzag"] if zigzag else []), nranks=n, timeout=120)
