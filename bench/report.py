@@ -79,7 +79,7 @@ def main(out):
     lines += ["", "sgemm reference: cblas_sgemm 2048^3 measured in each run with the same threads "
               f"(median over runs: {median([r['sgemm_gflops_per_rank'] for r in res]):.1f} GFLOP/s per rank)", ""]
     lines += recompute_table(res, peers) + packed_table(res) + long_table(longs)
-    lines += targets(res, peers)
+    lines += targets(res, peers, longs)
     text = "\n".join(lines) + "\n"
     open(os.path.join(out, "report.txt"), "w").write(text)
     json.dump({"results": res, "peer": peers}, open(os.path.join(out, "report.json"), "w"), indent=1)
@@ -94,10 +94,11 @@ def median(v):
 
 def recompute_table(res, peers):
     """Recomputation next to the default (CP = 1, same run)."""
-    out = ["recomputation (CP = 1): saved activations, time and peak memory against the default", "",
+    out = ["recomputation (CP = 1): saved activations, time and peak memory against the default",
+           "(slower: wall time; sgemm: against the sgemm measured next to each run, as %sgemm)", "",
            f"{'kind':<12} {'seq':>5} {'act MB':>7} {'rc act':>7} {'smaller':>7} {'fwd+bwd s':>9} {'rc s':>8} "
-           f"{'slower':>7} {'RSS MB':>7} {'rc RSS':>7} {'cut seen':>8} {'peer RSS':>8} {'peer/rc':>7}",
-           "-" * 104]
+           f"{'slower':>7} {'sgemm':>7} {'RSS MB':>7} {'rc RSS':>7} {'cut seen':>8} {'peer RSS':>8} {'peer/rc':>7}",
+           "-" * 112]
     for seq in sorted({r["seq"] for r in res}):
         for ratio in KINDS:
             d, rc = find(res, ratio, seq, 1), find(res, ratio, seq, 1, recompute=True)
@@ -110,7 +111,8 @@ def recompute_table(res, peers):
             peer = p["peak_rss_bytes"] / 2**20 if p else float("nan")
             out.append(f"{KINDS[ratio]:<12} {seq:>5} {d['saved_activation_mb']:>7.0f} {rc['saved_activation_mb']:>7.0f} "
                        f"{d['saved_activation_mb'] / rc['saved_activation_mb']:>6.2f}x {t_d:>9.2f} {t_rc:>8.2f} "
-                       f"{100 * (t_rc / t_d - 1):>6.1f}% {d['peak_rss_mb']:>7.0f} {rc['peak_rss_mb']:>7.0f} "
+                       f"{100 * (t_rc / t_d - 1):>6.1f}% "
+                       f"{100 * (d['fraction_of_sgemm'] / rc['fraction_of_sgemm'] - 1):>6.1f}% {d['peak_rss_mb']:>7.0f} {rc['peak_rss_mb']:>7.0f} "
                        f"{100 * seen:>7.0f}% {peer:>8.0f} {peer / rc['peak_rss_mb']:>6.2f}x")
     return out + [""]
 
@@ -148,7 +150,7 @@ def long_table(longs):
                   "   the layer's first allocation; planned = dsv4cp plan --recompute's total for that rank)", ""]
 
 
-def targets(res, peers):
+def targets(res, peers, longs=()):
     """The issue's targets, each with the figure it was judged on."""
     t = ["targets:"]
 
@@ -195,8 +197,13 @@ def targets(res, peers):
             k = f"{KINDS[ratio]} S={seq} recomputation"
             sm = d["saved_activation_mb"] / rc["saved_activation_mb"]
             line(sm >= TARGET_RC_SAVED, f"{k}: saved activations >= 4x smaller", f"{sm:.2f}x")
-            sl = (rc["fwd_s"] + rc["bwd_s"]) / (d["fwd_s"] + d["bwd_s"])
-            line(sl <= TARGET_RC_TIME, f"{k}: at most 15% slower", f"{100 * (sl - 1):+.1f}%")
+            # judged against the sgemm measured next to each run, as every %sgemm figure here (both rows
+            # count the same FLOPs: recomputation counts nothing), so a drifting machine is compared
+            # with itself; the wall-time ratio is shown beside it
+            sl = d["fraction_of_sgemm"] / rc["fraction_of_sgemm"]
+            wall = (rc["fwd_s"] + rc["bwd_s"]) / (d["fwd_s"] + d["bwd_s"])
+            line(sl <= TARGET_RC_TIME, f"{k}: at most 15% slower",
+                 f"{100 * (sl - 1):+.1f}% against each run's sgemm ({100 * (wall - 1):+.1f}% in wall time)")
             cut = d["saved_activation_mb"] - rc["saved_activation_mb"]
             seen = (d["peak_rss_mb"] - rc["peak_rss_mb"]) / cut
             line(seen >= TARGET_RC_VISIBLE, f"{k}: >= half the saved cut visible in peak RSS",
@@ -213,9 +220,10 @@ def targets(res, peers):
                 q = p["fraction_of_sgemm"] / a["fraction_of_sgemm"]
                 line(q >= TARGET_PACKED, f"{KINDS[ratio]} S={seq} CP=2 packed documents within 5% of the aligned speed",
                      f"{100 * p['fraction_of_sgemm']:.1f}% vs {100 * a['fraction_of_sgemm']:.1f}% of sgemm ({q:.3f})")
-    plans = [r.get("bytes_match_plan") for r in res if r["ranks"] > 1]
-    line(all(plans) and plans, "measured bytes per rank and message kind == dsv4cp plan",
-         f"{sum(1 for p in plans if p)} of {len(plans)} multi-rank runs match exactly")
+    plans = [r.get("bytes_match_plan") for r in list(res) + list(longs) if r["ranks"] > 1]
+    if plans:
+        line(all(plans), "measured bytes per rank and message kind == dsv4cp plan",
+             f"{sum(1 for p in plans if p)} of {len(plans)} multi-rank runs match exactly")
     saved = [r["saved_bytes_match_plan"] for r in res if "saved_bytes_match_plan" in r]
     if saved:
         line(all(saved), "bytes saved for the backward per rank == dsv4cp plan",
