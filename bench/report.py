@@ -109,10 +109,11 @@ def recompute_table(res, peers):
             seen = (d["peak_rss_mb"] - rc["peak_rss_mb"]) / cut if cut > 0 else float("nan")
             p = peer_of(peers, ratio, seq)
             peer = p["peak_rss_bytes"] / 2**20 if p else float("nan")
+            vs_sgemm = d["fraction_of_sgemm"] / rc["fraction_of_sgemm"]
             out.append(f"{KINDS[ratio]:<12} {seq:>5} {d['saved_activation_mb']:>7.0f} {rc['saved_activation_mb']:>7.0f} "
                        f"{d['saved_activation_mb'] / rc['saved_activation_mb']:>6.2f}x {t_d:>9.2f} {t_rc:>8.2f} "
-                       f"{100 * (t_rc / t_d - 1):>6.1f}% "
-                       f"{100 * (d['fraction_of_sgemm'] / rc['fraction_of_sgemm'] - 1):>6.1f}% {d['peak_rss_mb']:>7.0f} {rc['peak_rss_mb']:>7.0f} "
+                       f"{100 * (t_rc / t_d - 1):>6.1f}% {100 * (vs_sgemm - 1):>6.1f}% "
+                       f"{d['peak_rss_mb']:>7.0f} {rc['peak_rss_mb']:>7.0f} "
                        f"{100 * seen:>7.0f}% {peer:>8.0f} {peer / rc['peak_rss_mb']:>6.2f}x")
     return out + [""]
 

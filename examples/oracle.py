@@ -22,7 +22,8 @@ visible slot whose score is within --tie-rtol of the score it replaced (relative
 largest |score|), exact 0.0 ties go to the smaller id; rows that differ at near-ties are left out
 of the `out` comparison (out[t] depends only on row t's selection). dsv4cp does not export indexer
 scores, so when (and only when) the lists differ the scores come from tests/ref's float64
-reference. Exit status 0 when every compared tensor is within tolerance, 1 otherwise.
+reference. Exit status 0 when every compared tensor is within tolerance, 1 otherwise (also when
+nothing could be compared).
 """
 import argparse
 import os
@@ -117,12 +118,13 @@ def main():
     print(f"oracle: dsv4cp {dsv4cp.version()}, layer {a.layer} (compress ratio {attn.ratio}), "
           f"{mine['out'].shape[0] if mine['out'].ndim == 2 else mine['out'].shape[0] * mine['out'].shape[1]} tokens")
     print(f"  {'tensor':<44} {'max|diff|':>10} {'at':>14} {'max|oracle|':>11} {'rel':>9}  verdict")
-    failed = 0
+    failed = compared = 0
     skip_rows = None
     if "topk_ids" in mine and "topk_ids" in cand:
         ok, text, skip_rows = judge_topk(a, cand["topk_ids"], mine["topk_ids"], a.tie_rtol)
         print(f"  {'topk_ids':<44} {text}  {'ok' if ok else 'FAIL'}")
         failed += not ok
+        compared += 1
     for name, b in mine.items():
         if name == "topk_ids":
             continue
@@ -143,11 +145,15 @@ def main():
         tol = a.tol_grad if name == "dx" or name.startswith(GRAD) else a.tol_out
         ok = err <= tol * scale if scale > 0 else err == 0
         failed += not ok
+        compared += 1
         rel = err / scale if scale > 0 else float("inf") if err else 0.0
         print(f"  {name:<44} {err:10.3g} {str(list(at)):>14} {scale:11.3g} {rel:9.2g}  {'ok' if ok else 'FAIL'}{note}")
     for name in sorted(set(cand) - set(mine)):
         print(f"  {name:<44} in the candidate only: not compared")
-    print(f"verdict: {'PASS' if not failed else f'FAIL ({failed} tensors)'}")
+    if not compared:   # e.g. a candidate whose names match nothing: never a silent PASS
+        print("  no tensor of the candidate matches the oracle's names (out, topk_ids, dx, grad.*)")
+        failed = 1
+    print(f"verdict: {'PASS' if not failed else f'FAIL ({failed} tensors)' if compared else 'FAIL (nothing compared)'}")
     return 1 if failed else 0
 
 

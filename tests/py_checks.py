@@ -156,13 +156,10 @@ check(torch.equal(r7[0], base[0]) and torch.equal(r7[3], base[3]) and all(
 check(base[1].dtype == torch.int32 and tuple(base[1].shape) == (x0.shape[0], m.index_topk) and base[2].dim() == 0,
       "topk_ids int32 [n, index_topk], indexer_loss 0-dim")
 
-# recompute: bitwise the same when the library has it, else a clear NotImplementedError
-try:
-    mr = dsv4cp.Attention(cfg_path, layer, recompute=True)
-    mr.load_weights(wpath)
-    rr = run(mr)
-    check(torch.equal(rr[0], base[0]) and torch.equal(rr[3], base[3]) and same(rr[4], base[4]),
-          "recompute=True gives bitwise the same results")
-except NotImplementedError as e:
-    check("dsv4_layer_set_recompute" in str(e), "recompute=True without library support: NotImplementedError", str(e))
+# recompute: bitwise the same
+mr = dsv4cp.Attention(cfg_path, layer, recompute=True)
+mr.load_weights(wpath)
+rr = run(mr)
+check(mr.recompute and torch.equal(rr[0], base[0]) and torch.equal(rr[3], base[3]) and same(rr[4], base[4]),
+      "recompute=True gives bitwise the same results")
 sys.exit(1 if fails else 0)

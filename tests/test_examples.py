@@ -139,6 +139,12 @@ def test_oracle(build):
             and lines_of(out, "topk_ids").rstrip().endswith("ok"),
             "examples/oracle.py: near-tied top-k choices are accepted as tests/ref/compare.py does",
             lines_of(out, "topk_ids").strip()[:160])
+    # a candidate whose names match nothing is a failure, never a PASS over zero tensors
+    renamed = os.path.join(work, "renamed.safetensors")
+    T.st.write(renamed, {"output." + k: v for k, v in ref.items()})
+    rc, out, err = oracle(build, d, layer, renamed)
+    T.check(rc == 1 and "FAIL (nothing compared)" in out,
+            "examples/oracle.py: a candidate with no tensor of the expected names fails", tail(out + err, 120))
 
 
 def lines_of(out, name):

@@ -48,7 +48,7 @@ static int compare(const job *j, const job_result *a, const job_result *b, int n
       ok &= report(name, ta.data, tb.data, ta.numel, TOL_GRAD, NULL);
     }
   printf("forward and top-k bitwise equal to CP = 1: %s\n", fwd_bitwise && topk_same ? "yes" : "no");
-  printf("verdict: %s (SPEC 6 tolerances)\n", ok ? "PASS" : "FAIL");
+  printf("verdict: %s (tolerances of docs/spec.md section 6)\n", ok ? "PASS" : "FAIL");
   return ok;
 }
 
@@ -58,8 +58,8 @@ int cmd_check(cli_ctx *c, int argc, char **argv) {
       "\n"
       "Runs the layer forward and backward with CP = N, recomputes it with CP = 1 on rank 0, and prints\n"
       "the largest difference per tensor and whether forward and top-k are bitwise equal. Exit status 1\n"
-      "when a difference exceeds SPEC 6's tolerance. dout is random from --seed unless --grad-output.\n"
-      "On a terminal, a progress line on stderr.";
+      "when a difference exceeds the tolerance of docs/spec.md section 6. dout is random from --seed\n"
+      "unless --grad-output. On a terminal, a progress line on stderr.";
   job_opts o = {.random_dout = 1};
   const char *threads = NULL;
   int fwd_only = 0;

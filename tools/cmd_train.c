@@ -96,8 +96,8 @@ int cmd_train(cli_ctx *c, int argc, char **argv) {
       "\n"
       "K steps of plain SGD on one layer with the objective 0.5 ||out - y||^2 / (T d) + indexer_loss\n"
       "(y seeded random); prints the loss per step. CP = 1 and CP = N print the same losses: bitwise at\n"
-      "step 1, within SPEC 6's tolerance after (weight gradients are summed in a split-dependent order).\n"
-      "On a terminal, a progress line on stderr.";
+      "step 1, within the tolerance of docs/spec.md section 6 after (weight gradients are summed in a\n"
+      "split-dependent order). On a terminal, a progress line on stderr.";
   job_opts o = {0};
   const char *threads = NULL, *steps_s = NULL, *lr_s = NULL;
   cli_opt opts[24];

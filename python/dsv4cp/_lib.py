@@ -180,6 +180,7 @@ _PROTOS = {
     "dsv4_layer_create": (_I, [POINTER(_P), P_CONFIG, _I, _P]),
     "dsv4_layer_free": (None, [_P]),
     "dsv4_layer_core": (_P, [_P]),
+    "dsv4_layer_set_recompute": (_I, [_P, _I]),
     "dsv4_layer_forward": (_I, [_P, _P, _P, _P, _P, c_int64, P_PACKING, _I]),
     "dsv4_layer_backward": (_I, [_P, _P, _P, _P, c_float]),
     "dsv4_comm_create_self": (_I, [POINTER(_P)]),
@@ -194,14 +195,6 @@ for _name, (_res, _args) in _PROTOS.items():
     _f = getattr(lib, _name)
     _f.restype = _res
     _f.argtypes = _args
-
-
-def optional(name, restype, argtypes):
-    """A C function that newer libraries export, or None (e.g. dsv4_layer_set_recompute)."""
-    f = getattr(lib, name, None)
-    if f is not None:
-        f.restype, f.argtypes = restype, argtypes
-    return f
 
 
 def default_threads(nranks):

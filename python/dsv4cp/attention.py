@@ -32,7 +32,7 @@ from ._structs import CPConfig, Packing, SPLIT_CONTIGUOUS, SPLIT_ZIGZAG, Tensor,
 
 SPLITS = {"contiguous": SPLIT_CONTIGUOUS, "zigzag": SPLIT_ZIGZAG}
 CSA_RATIO = 4
-_EXCEPTIONS = {c.__name__: c for c in (ValueError, TypeError, DSV4Error, RuntimeError, NotImplementedError)}
+_EXCEPTIONS = {c.__name__: c for c in (ValueError, TypeError, DSV4Error, RuntimeError)}
 _live_cp = weakref.WeakSet()   # layer owners of CP modules: freed (layer, then communicator) at exit
 _atexit_registered = []
 
@@ -170,8 +170,8 @@ class Attention(torch.nn.Module):
     Attention(config, layer, comm=None, split="contiguous", recompute=False, seed=0)
       config: path of a config.json, or a dict of its keys; layer: index into compress_ratios;
       comm: None (one rank) or an mpi4py communicator (CP over its ranks; collective);
-      split: "contiguous" or "zigzag" (SPEC 5); recompute: save fewer activations (needs a library
-      with dsv4_layer_set_recompute); seed: the initial weights are the library's seeded random
+      split: "contiguous" or "zigzag" (SPEC 5); recompute: save fewer activations and rebuild them
+      in the backward (bitwise the same results); seed: the initial weights are the library's seeded random
       weights, the same as `dsv4cp run --seed S` without --weights; threads: OpenMP threads of the
       library's calls (default: the dsv4cp program's rule, OMP_NUM_THREADS or cores / ranks per
       node; forward bits never depend on it, gradient bits may, within SPEC 6's tolerance).
@@ -272,12 +272,8 @@ class Attention(torch.nn.Module):
 
     def set_recompute(self, on=True):
         """Saves fewer activations in the forward and recomputes them in the backward (bitwise the
-        same results). Needs a library that exports dsv4_layer_set_recompute."""
-        f = _lib.optional("dsv4_layer_set_recompute", ctypes.c_int, [ctypes.c_void_p, ctypes.c_int])
-        if f is None:
-            raise NotImplementedError(
-                f"recompute needs dsv4_layer_set_recompute, which this libdsv4cp ({version()}) does not export")
-        check(f(self._layer.handle, int(bool(on))))
+        same results)."""
+        check(lib.dsv4_layer_set_recompute(self._layer.handle, int(bool(on))))
         self.recompute = bool(on)
         self._live = None
 
