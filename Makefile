@@ -24,7 +24,7 @@ CFLAGS   += -std=c17 -D_DEFAULT_SOURCE $(OPT) -ffp-contract=off -fopenmp -fPIC -
             -Iinclude -Isrc -I$(BLAS_INC) $(MPI_INC) $(EXTRA_CFLAGS)
 LDLIBS   += -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas $(MPI_LIB) -lcjson -lm -fopenmp $(EXTRA_LDFLAGS)
 
-LIB_SRC  := $(wildcard src/*.c src/util/*.c src/io/*.c src/ops/*.c src/model/*.c src/cp/*.c)
+LIB_SRC  := $(wildcard src/*.c src/util/*.c src/io/*.c src/ops/*.c src/plan/*.c src/model/*.c src/cp/*.c)
 CLI_SRC  := $(wildcard tools/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)

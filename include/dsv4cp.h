@@ -169,15 +169,6 @@ typedef struct {
                                   S/N tokens of EVERY sequence instead of a contiguous T/N slice */
 } dsv4_packing;
 
-/* Where each local row sits in the global stream. Owned by the core; valid until its next call. */
-typedef struct {
-  int64_t n;           /* local rows */
-  const int64_t *global; /* [n] global token index */
-  const int32_t *doc;  /* [n] document index */
-  const int32_t *pos;  /* [n] document-local position (used by every RoPE) */
-  const uint8_t *real; /* [n] 1 = real token, 0 = padding */
-} dsv4_token_map;
-
 /* Which implementation runs: the fast kernels (BLAS, OpenMP) or the naive reference loops. */
 typedef enum { DSV4_IMPL_FAST = 0, DSV4_IMPL_NAIVE = 1 } dsv4_impl;
 
@@ -367,8 +358,6 @@ typedef struct {
 DSV4_API dsv4_status dsv4_core_create(dsv4_core **out, const dsv4_config *cfg, int layer, const dsv4_weights *w);
 DSV4_API void dsv4_core_free(dsv4_core *c);
 DSV4_API void dsv4_core_set_impl(dsv4_core *c, dsv4_impl impl);
-/* Rows of the local shard: identity for one rank; the rank's shard after dsv4_cp_patch. */
-DSV4_API dsv4_status dsv4_core_token_map(dsv4_core *c, const dsv4_packing *pk, int64_t n, dsv4_token_map *map);
 DSV4_API dsv4_status dsv4_core_forward(dsv4_core *c, const dsv4_core_fwd_args *a);
 DSV4_API dsv4_status dsv4_core_backward(dsv4_core *c, const dsv4_core_bwd_args *a);
 

@@ -1,132 +1,26 @@
-/* core.c: the core attention object: creation, the swappable function pointers, and the one-rank
- * exchange (no halos, the all-gather is a copy) that the unpatched core runs the two-stage
- * algorithm with. */
+/* core.c: the core attention object (core.h): creation on a one-rank communicator, the public
+ * one-call forward and backward over the chunked protocol, and what dsv4_cp_patch changes. */
 #include <string.h>
 
-#include "core_internal.h"
+#include "core.h"
 #include "model/weights.h"
 #include "util/err.h"
-#include "util/gemm.h"
 
-/* Forgets the saved state of the last training forward (buffers stay in the core's slots). */
-void dsv4_core_saved_free(dsv4_core_saved *sv) {
-  dsv4_docs_free(&sv->docs);
-  dsv4_layout_free(&sv->lay);
-  memset(sv, 0, sizeof *sv);
+/* Hash of every config value the agreement compares (field by field: padding bytes are not data). */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
 }
 
-/* ---- one-rank exchange -------------------------------------------------------------------- */
-
-/* One segment covering the whole stream, no halos; it owns every slot, in global id order, so the
- * gather index is the identity. */
-static dsv4_status local_layout(void *st, const dsv4_docs *docs, int64_t n, int W, dsv4_layout *lay) {
-  dsv4_status rc = DSV4_OK;
-  (void)st;
-  memset(lay, 0, sizeof *lay);
-  DSV4_CHECK(n == docs->T, DSV4_ERR_ARG,
-             "x has %lld rows but the packed meta describes %lld tokens (one rank)", (long long)n,
-             (long long)docs->T);
-  const dsv4_range all = {0, n};
-  DSV4_TRY(dsv4_layout_build(lay, docs, &all, 1, W, 0));
-  if (docs->ratio > 0) {
-    DSV4_ALLOC(lay->gather, docs->n_cmp + 1);
-    dsv4_layout_set_gather(lay, 0, lay->gather);
-  }
-  return DSV4_OK;
-fail:
-  dsv4_layout_free(lay);
-  return rc;
-}
-
-static dsv4_status local_cmp_halo(void *st, const dsv4_layout *lay, float *C, float *Z, int cD, int w) {
-  (void)st, (void)lay, (void)C, (void)Z, (void)cD, (void)w;
-  return DSV4_OK;
-}
-
-static dsv4_status local_gather_start(void *st, const dsv4_layout *lay, const float *local, float *all,
-                                      int D, int which) {
-  (void)st, (void)which;
-  memcpy(all, local, sizeof(float) * (size_t)(lay->n_blk * D));
-  return DSV4_OK;
-}
-
-static dsv4_status local_gather_wait(void *st, int which) {
-  (void)st, (void)which;
-  return DSV4_OK;
-}
-
-static void local_drain(void *st) { (void)st; }
-
-static dsv4_status local_agree(void *st, const dsv4_core *c, const dsv4_packing *pk, int64_t n) {
-  (void)st, (void)c, (void)pk, (void)n;
-  return DSV4_OK;
-}
-
-static dsv4_status local_win_halo(void *st, const dsv4_layout *lay, float *kv_ext, int D) {
-  (void)st, (void)lay, (void)kv_ext, (void)D;
-  return DSV4_OK;
-}
-
-static dsv4_status local_reduce_loss(void *st, dsv4_exactsum *sum, int64_t *count) {
-  (void)st, (void)sum, (void)count;
-  return DSV4_OK;
-}
-
-static dsv4_status local_blocks_rs(void *st, const dsv4_layout *lay, const float *d_all, float *d_local,
-                                   int D, int which) {
-  (void)st, (void)which;
-  memcpy(d_local, d_all, sizeof(float) * (size_t)(lay->n_blk * D));
-  return DSV4_OK;
-}
-
-static const dsv4_exchange LOCAL_EXCHANGE = {
-    .st = NULL,
-    .nranks = 1,
-    .agree = local_agree,
-    .layout = local_layout,
-    .cmp_halo = local_cmp_halo,
-    .gather_start = local_gather_start,
-    .gather_wait = local_gather_wait,
-    .drain = local_drain,
-    .win_halo = local_win_halo,
-    .reduce_loss = local_reduce_loss,
-    .win_halo_bwd = local_win_halo,
-    .blocks_reduce_scatter = local_blocks_rs,
-    .cmp_halo_bwd = local_cmp_halo,
-};
-
-static dsv4_status local_token_map(dsv4_core *c, const dsv4_packing *pk, int64_t n, dsv4_token_map *map) {
-  dsv4_status rc = DSV4_OK;
-  dsv4_docs docs = {0};
-  dsv4_layout lay = {0};
-  DSV4_TRY(dsv4_docs_build(&docs, pk, c->ratio));
-  DSV4_TRY(local_layout(NULL, &docs, n, c->cfg.window, &lay));
-  DSV4_TRY(dsv4_core_fill_tokmap(c, &docs, &lay, map));
-fail:
-  dsv4_layout_free(&lay);
-  dsv4_docs_free(&docs);
-  return rc;
-}
-
-static const dsv4_exchange *local_exchange(dsv4_core *c, dsv4_exchange *storage) {
-  (void)c, (void)storage;
-  return &LOCAL_EXCHANGE;
-}
-
-/* ---- the object ------------------------------------------------------------------------------ */
-
-dsv4_status dsv4_core_fill_tokmap(dsv4_core *c, const dsv4_docs *docs, const dsv4_layout *lay,
-                                  dsv4_token_map *map) {
-  dsv4_status rc = DSV4_OK;
-  int64_t *glob = NULL;
-  DSV4_ALLOC(glob, lay->n + 1);
-  for (int s = 0; s < lay->n_seg; s++)
-    for (int64_t i = 0; i < lay->seg[s].len; i++) glob[lay->seg[s].lo + i] = lay->seg[s].g0 + i;
-  DSV4_TRY(dsv4_tokmap_fill(&c->tok, docs, glob, lay->n));
-  if (map) *map = c->tok.map;
-fail:
-  free(glob);
-  return rc;
+static uint64_t hash_config(const dsv4_config *f, int layer, int ratio) {
+  const int ints[] = {f->dim, f->n_heads, f->head_dim, f->rope_dim, f->q_lora_rank, f->o_groups, f->o_lora_rank,
+                      f->window, f->index_n_heads, f->index_head_dim, f->index_topk, layer, ratio,
+                      (int)f->index_loss_mode};
+  const double dbl[] = {f->rope_theta, f->compress_rope_theta, f->rope_factor, f->rope_orig_max_pos,
+                        f->beta_fast, f->beta_slow, f->eps, f->index_loss_coeff};
+  uint64_t h = fnv(1469598103934665603ull, ints, sizeof ints);
+  return fnv(h, dbl, sizeof dbl);
 }
 
 dsv4_status dsv4_core_create(dsv4_core **out, const dsv4_config *cfg, int layer, const dsv4_weights *w) {
@@ -135,18 +29,20 @@ dsv4_status dsv4_core_create(dsv4_core **out, const dsv4_config *cfg, int layer,
   DSV4_CHECK(out && cfg && w, DSV4_ERR_ARG, "core: NULL argument");
   *out = NULL;
   DSV4_TRY(dsv4_config_validate(cfg));
-  DSV4_CHECK(dsv4_config_ratio(cfg, layer) >= 0, DSV4_ERR_ARG, "layer %d out of range (config has %d)",
-             layer, cfg->n_layers);
-  DSV4_CHECK(dsv4_weights_layer(w) == layer, DSV4_ERR_ARG,
-             "core: weights are for layer %d, not layer %d", dsv4_weights_layer(w), layer);
+  DSV4_CHECK(dsv4_config_ratio(cfg, layer) >= 0, DSV4_ERR_ARG, "layer %d out of range (config has %d)", layer,
+             cfg->n_layers);
+  DSV4_CHECK(dsv4_weights_layer(w) == layer, DSV4_ERR_ARG, "core: weights are for layer %d, not layer %d",
+             dsv4_weights_layer(w), layer);
   DSV4_ALLOC(c, 1);
   c->cfg = *cfg;
   c->layer = layer;
   c->ratio = dsv4_config_ratio(cfg, layer);
   c->w = w;
   c->impl = DSV4_IMPL_FAST;
-  c->ops = (dsv4_core_ops){local_token_map, local_exchange};
-  DSV4_TRY(dsv4_rope_init(&c->rope, cfg, c->ratio));
+  c->cfg_hash = hash_config(cfg, layer, c->ratio);
+  DSV4_TRY(dsv4_comm_create_self(&c->self));
+  c->xfer.comm = c->self;
+  c->xfer.overlap = 1;
   *out = c;
   return DSV4_OK;
 fail:
@@ -156,31 +52,59 @@ fail:
 
 void dsv4_core_free(dsv4_core *c) {
   if (!c) return;
-  if (c->free_state) c->free_state(c->impl_state);
-  dsv4_core_saved_free(&c->sv);
-  for (int i = 0; i < CS_COUNT; i++) dsv4_slot_free(&c->slot[i]);
-  dsv4_tokmap_free(&c->tok);
-  dsv4_rope_free(&c->rope);
+  dsv4_xfer_free(&c->xfer);
+  if (c->have_plan) dsv4_plan_free(&c->plan);
+  dsv4_arena_free(&c->saved);
+  dsv4_arena_free(&c->scratch);
+  dsv4_comm_free(c->self);
   free(c);
 }
 
-void dsv4_core_set_impl(dsv4_core *c, dsv4_impl impl) { c->impl = impl; }
-
-dsv4_status dsv4_core_token_map(dsv4_core *c, const dsv4_packing *pk, int64_t n, dsv4_token_map *map) {
-  return c->ops.token_map(c, pk, n, map);
+void dsv4_core_set_impl(dsv4_core *c, dsv4_impl impl) {
+  c->impl = impl;
+  dsv4_core_forget(c);
 }
 
-dsv4_status dsv4_core_forward(dsv4_core *c, const dsv4_core_fwd_args *a) { return dsv4_core_run_forward(c, a); }
-
-dsv4_status dsv4_core_backward(dsv4_core *c, const dsv4_core_bwd_args *a) { return dsv4_core_run_backward(c, a); }
-
-dsv4_core_ops dsv4_core_get_ops(const dsv4_core *c) { return c->ops; }
-
-void dsv4_core_set_ops(dsv4_core *c, const dsv4_core_ops *ops, void *impl_state, void (*free_state)(void *)) {
-  if (c->free_state) c->free_state(c->impl_state);
-  c->ops = *ops;
-  c->impl_state = impl_state;
-  c->free_state = free_state;
+void dsv4_core_set_recompute(dsv4_core *c, int on) {
+  c->recompute = on != 0;
+  dsv4_core_forget(c);
 }
 
-void *dsv4_core_impl_state(const dsv4_core *c) { return c->impl_state; }
+void dsv4_core_forget(dsv4_core *c) { memset(&c->run, 0, sizeof c->run); }
+
+size_t dsv4_core_saved_bytes(const dsv4_core *c) { return c->run.valid ? c->saved.used : 0; }
+
+dsv4_status dsv4_core_forward(dsv4_core *c, const dsv4_core_fwd_args *a) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_CHECK(c && a && a->q && a->o && a->kv && a->pk, DSV4_ERR_ARG, "core forward: q, o, kv and pk are required");
+  DSV4_CHECK(a->n >= 0, DSV4_ERR_ARG, "core forward: n < 0");
+  DSV4_TRY(dsv4_core_prepare(c, a->pk, a->n, NULL));
+  const dsv4_core_begin_args b = {.q = a->q, .kv = a->kv, .x = a->x, .qr = a->qr, .o = a->o,
+                                  .topk_ids = a->topk_ids, .train = a->train};
+  DSV4_TRY(dsv4_core_fwd_begin(c, &b));
+  DSV4_TRY(dsv4_core_fwd_rows(c, 0, a->n, a->q, a->o));
+  DSV4_TRY(dsv4_core_fwd_end(c, a->indexer_loss, a->train));
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_core_backward(dsv4_core *c, const dsv4_core_bwd_args *a) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_CHECK(c, DSV4_ERR_ARG, "core backward: NULL core");
+  const dsv4_core_run *st = &c->run;
+  const int64_t HD = (int64_t)c->cfg.n_heads * c->cfg.head_dim;
+  DSV4_CHECK(st->valid, DSV4_ERR_STATE, "core backward called without a training forward (train = 1)");
+  DSV4_CHECK(a && a->dq && a->dkv && a->grads && a->d_o, DSV4_ERR_ARG,
+             "core backward: dq, dkv, grads and d_o are required");
+  DSV4_CHECK(c->ratio == 0 || a->dx, DSV4_ERR_ARG, "core backward: dx is required for a compressed layer");
+  DSV4_CHECK(st->q && st->o, DSV4_ERR_STATE,
+             "core backward: the forward kept no q and o (recomputation is driven by dsv4_layer_backward)");
+  DSV4_TRY(dsv4_core_bwd_begin(c, a->grads, a->d_loss));
+  for (int64_t k = 0; k < c->plan.n_chunk; k++) {
+    const int64_t i0 = c->plan.chunk[k], m = c->plan.chunk[k + 1] - i0;
+    DSV4_TRY(dsv4_core_bwd_rows(c, i0, m, st->q + i0 * HD, st->o + i0 * HD, a->d_o + i0 * HD, a->dq + i0 * HD));
+  }
+  DSV4_TRY(dsv4_core_bwd_end(c, a->dkv, a->dx));
+fail:
+  return rc;
+}

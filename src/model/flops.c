@@ -11,7 +11,7 @@
  *   backward  projections and compressors x 2 (input and weight gradients); indexer projections
  *             x 1 (its inputs are detached: weight gradients only) + KL 4 Hi Di nc; attention
  *             8 H D (nw + nc) (dP, dQ, dK and dV products). */
-#include "model/docs.h"
+#include "plan/docs.h"
 #include "util/err.h"
 
 dsv4_status dsv4_layer_flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, dsv4_flops *f) {

@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "ops/placement.h"
-#include "cp/plan.h"
-#include "cp/shard.h"
+#include "plan/plan.h"
+#include "plan/shard.h"
 #include "testutil.h"
 
 static int same_i32(const int32_t *a, const int32_t *b, int n) { return n == 0 || !memcmp(a, b, sizeof(int32_t) * (size_t)n); }
@@ -62,9 +62,12 @@ static dsv4_layout *layouts(const int32_t *cu, const int32_t *real, int n_docs, 
                             dsv4_split split, dsv4_docs *docs) {
   dsv4_packing pk = {cu, real, n_docs, T, 0};
   if (!tu_ok(dsv4_docs_build(docs, &pk, r), "packing accepted")) return NULL;
-  dsv4_layout *lays = calloc((size_t)N, sizeof *lays);
-  int ok = lays != NULL;
-  for (int q = 0; ok && q < N; q++) ok = cp_layout(docs, &pk, split, q, N, W, 1, &lays[q]) == DSV4_OK;
+  dsv4_layout *lays = NULL;
+  int ok = dsv4_layouts_all(docs, &pk, split, N, W, &lays) == DSV4_OK;
+  if (ok && r > 0) { /* rank 0's copy of the gather index (every rank derives the same) */
+    ok = (lays[0].gather = calloc((size_t)docs->n_cmp + 1, sizeof(int32_t))) != NULL;
+    for (int q = 0; ok && q < N; q++) dsv4_layout_set_gather(&lays[q], q, lays[0].gather);
+  }
   if (!tu_check(ok, "layouts of %d ranks built", N)) {
     for (int q = 0; lays && q < N; q++) dsv4_layout_free(&lays[q]);
     free(lays);
@@ -169,14 +172,14 @@ static void gather_index(void) {
   }
 }
 
-static int msg_is(const cp_msg *m, int peer, const int32_t *rows, int n) {
+static int msg_is(const dsv4_halo_msg *m, int peer, const int32_t *rows, int n) {
   return m->peer == peer && m->n == n && same_i32(m->rows, rows, n);
 }
 
 /* Plans of one kind for ranks me[0..n) (caller frees). */
-static int plans_of(const dsv4_layout *l, int N, cp_halo kind, cp_plan *p, const int *me, int n) {
+static int plans_of(const dsv4_layout *l, int N, dsv4_halo_kind kind, dsv4_halo_plan *p, const int *me, int n) {
   int ok = 1;
-  for (int i = 0; i < n; i++) ok &= tu_ok(cp_plan_halo(l, N, me[i], kind, &p[i]), "halo plan built");
+  for (int i = 0; i < n; i++) ok &= tu_ok(dsv4_halo_plan_build(l, N, me[i], kind, &p[i]), "halo plan built");
   return ok;
 }
 
@@ -185,30 +188,30 @@ static void plans(void) {
   /* one document of 16, W = 8 (halo 7 > L = 4), r = 0, N = 4 */
   const int32_t cu[2] = {0, 16};
   dsv4_layout *l = layouts(cu, NULL, 1, 16, 0, 4, 8, DSV4_SPLIT_CONTIGUOUS, &docs);
-  cp_plan p[3] = {{0}};
+  dsv4_halo_plan p[3] = {{0}};
   const int r02[2] = {0, 2};
-  if (l && plans_of(l, 4, CP_HALO_WINDOW, p, r02, 2)) {
+  if (l && plans_of(l, 4, DSV4_HALO_WINDOW, p, r02, 2)) {
     const int32_t s01[4] = {0, 1, 2, 3}, s02[3] = {1, 2, 3}, r20[3] = {0, 1, 2}, r21[4] = {3, 4, 5, 6};
     tu_check(p[0].n_send == 2 && p[0].n_recv == 0 && msg_is(&p[0].send[0], 1, s01, 4) && msg_is(&p[0].send[1], 2, s02, 3),
              "window plan rank 0: rows 0-3 to rank 1, rows 1-3 to rank 2 (W - 1 = 7 > L = 4)");
     tu_check(p[1].n_recv == 2 && msg_is(&p[1].recv[0], 0, r20, 3) && msg_is(&p[1].recv[1], 1, r21, 4),
              "window plan rank 2: 3 halo rows from rank 0, 4 from rank 1");
   }
-  for (int i = 0; i < 3; i++) cp_plan_free(&p[i]);
+  for (int i = 0; i < 3; i++) dsv4_halo_plan_free(&p[i]);
   if (l) free_all(l, 4, &docs);
   /* r = 4, one document of 16, N = 2: rank 1's first slot (j = 2, window [8,12)) reads the previous
    * window [4,8): rank 0 sends its own rows 4-7 (first-half channels), rank 1 receives them into its
    * halo rows 0-3; nothing needs every channel */
   const int r01[2] = {0, 1};
   if ((l = layouts(cu, NULL, 1, 16, 4, 2, 8, DSV4_SPLIT_CONTIGUOUS, &docs))) {
-    cp_plan f[2] = {{0}};
-    if (plans_of(l, 2, CP_HALO_CMP_HALF, p, r01, 2) && plans_of(l, 2, CP_HALO_CMP_FULL, f, r01, 2)) {
+    dsv4_halo_plan f[2] = {{0}};
+    if (plans_of(l, 2, DSV4_HALO_CMP_HALF, p, r01, 2) && plans_of(l, 2, DSV4_HALO_CMP_FULL, f, r01, 2)) {
       const int32_t src[4] = {4, 5, 6, 7}, dst[4] = {0, 1, 2, 3};
       tu_check(p[0].n_send == 1 && msg_is(&p[0].send[0], 1, src, 4) && p[1].n_recv == 1 && msg_is(&p[1].recv[0], 0, dst, 4),
                "compressor plan: rank 0 sends rows 4-7 (first half), rank 1 receives them into halo rows 0-3");
       tu_check(f[0].n_send == 0 && f[1].n_recv == 0, "compressor plan: no every-channel rows when slots align");
     }
-    for (int i = 0; i < 2; i++) cp_plan_free(&p[i]), cp_plan_free(&f[i]);
+    for (int i = 0; i < 2; i++) dsv4_halo_plan_free(&p[i]), dsv4_halo_plan_free(&f[i]);
     free_all(l, 2, &docs);
   }
   /* unpadded: docs [0,6) and [6,18) (11 real), r = 4, N = 3: rank 2 [12,18) owns slot (doc 1, j = 1)
@@ -217,14 +220,14 @@ static void plans(void) {
   const int32_t cu5[3] = {0, 6, 18}, real5[2] = {6, 11};
   const int r12[2] = {1, 2};
   if ((l = layouts(cu5, real5, 2, 18, 4, 3, 8, DSV4_SPLIT_CONTIGUOUS, &docs))) {
-    cp_plan f[2] = {{0}};
-    if (plans_of(l, 3, CP_HALO_CMP_HALF, p, r12, 2) && plans_of(l, 3, CP_HALO_CMP_FULL, f, r12, 2)) {
+    dsv4_halo_plan f[2] = {{0}};
+    if (plans_of(l, 3, DSV4_HALO_CMP_HALF, p, r12, 2) && plans_of(l, 3, DSV4_HALO_CMP_FULL, f, r12, 2)) {
       const int32_t h_src[4] = {0, 1, 2, 3}, h_dst[4] = {0, 1, 2, 3}, f_src[2] = {4, 5}, f_dst[2] = {4, 5};
       tu_check(p[0].n_send == 1 && msg_is(&p[0].send[0], 2, h_src, 4) && msg_is(&p[1].recv[0], 1, h_dst, 4) &&
                    f[0].n_send == 1 && msg_is(&f[0].send[0], 2, f_src, 2) && msg_is(&f[1].recv[0], 1, f_dst, 2),
                "compressor plan, window straddling a rank: 4 first-half rows and 2 every-channel rows from rank 1");
     }
-    for (int i = 0; i < 2; i++) cp_plan_free(&p[i]), cp_plan_free(&f[i]);
+    for (int i = 0; i < 2; i++) dsv4_halo_plan_free(&p[i]), dsv4_halo_plan_free(&f[i]);
     free_all(l, 3, &docs);
   }
   /* r = 4, one document of 16, N = 8, L = 2 (model/layout.c): rank 3's slot 1 reads [0, 8): first
@@ -232,31 +235,31 @@ static void plans(void) {
    * 2-row halo: rows 2, 3), every channel of 4, 5 from rank 2 */
   const int r3[1] = {3};
   if ((l = layouts(cu, NULL, 1, 16, 4, 8, 4, DSV4_SPLIT_CONTIGUOUS, &docs))) {
-    cp_plan f[1] = {{0}};
-    if (plans_of(l, 8, CP_HALO_CMP_HALF, p, r3, 1) && plans_of(l, 8, CP_HALO_CMP_FULL, f, r3, 1)) {
+    dsv4_halo_plan f[1] = {{0}};
+    if (plans_of(l, 8, DSV4_HALO_CMP_HALF, p, r3, 1) && plans_of(l, 8, DSV4_HALO_CMP_FULL, f, r3, 1)) {
       const int32_t d0[2] = {0, 1}, d1[2] = {2, 3}, d2[2] = {4, 5};
       tu_check(p[0].n_recv == 2 && msg_is(&p[0].recv[0], 0, d0, 2) && msg_is(&p[0].recv[1], 1, d1, 2) &&
                    f[0].n_recv == 1 && msg_is(&f[0].recv[0], 2, d2, 2),
                "compressor plan, a window over three ranks: halves from ranks 0 and 1, every channel from rank 2");
     }
-    cp_plan_free(&p[0]);
-    cp_plan_free(&f[0]);
+    dsv4_halo_plan_free(&p[0]);
+    dsv4_halo_plan_free(&f[0]);
     free_all(l, 8, &docs);
   }
   /* zigzag N=2 over one document of 16 (W = 8): rank 1 holds [4,8) and [8,12): the second chunk's
    * halo [1,8) is partly its own rows (no message) */
   const int r1[1] = {1};
   if ((l = layouts(cu, NULL, 1, 16, 0, 2, 8, DSV4_SPLIT_ZIGZAG, &docs))) {
-    if (plans_of(l, 2, CP_HALO_WINDOW, p, r1, 1))
+    if (plans_of(l, 2, DSV4_HALO_WINDOW, p, r1, 1))
       tu_check(p[0].n_self == 4 && p[0].n_recv == 1 && p[0].recv[0].peer == 0 && p[0].recv[0].n == 3 + 4,
                "zigzag plan rank 1: 4 halo rows from itself, 7 from rank 0 (got self %lld, recv %lld)",
                (long long)p[0].n_self, p[0].n_recv ? (long long)p[0].recv[0].n : -1LL);
-    cp_plan_free(&p[0]);
+    dsv4_halo_plan_free(&p[0]);
     free_all(l, 2, &docs);
   }
 }
 
-/* The slot count of any token range is a difference of slots_before (model/docs.h example). */
+/* The slot count of any token range is a difference of slots_before (plan/docs.h example). */
 static void slot_ids(void) {
   const int32_t cu[3] = {0, 10, 17}, real[2] = {10, 6};
   dsv4_packing pk = {cu, real, 2, 17, 0};

@@ -1,7 +1,7 @@
-/* layout.c: the layout of a rank's local rows (core_internal.h): for each segment, its window and
- * compressor halos, where its rows sit in the extended buffers, and which compressed slots it
- * owns. Shared by the one-rank core (one segment, no halos) and every CP rank, so a token and a
- * slot are computed by the same code whoever holds them.
+/* layout.c: the layout of a rank's local rows (plan.h): for each segment, its window and compressor
+ * halos, where its rows sit in the extended buffers, and which compressed slots it owns. One rank
+ * (segments without halos) and every CP rank use the same code, so a token and a slot are computed
+ * the same way whoever holds them.
  *
  * Worked example (the one docs/cp.md draws): r = 4, one document of 16 real tokens, N = 8 ranks,
  * contiguous split (L = 2 rows per rank), W = 4. Slots: [0,4) [4,8) [8,12) [12,16), ends 3, 7, 11,
@@ -13,9 +13,9 @@
  * everywhere and the all-gathered buffer has 8 rows, 4 of them selected. */
 #include <string.h>
 
-#include "core_internal.h"
+#include "plan.h"
+#include "shard.h"
 #include "util/err.h"
-#include "util/gemm.h"
 
 /* Compressor halo of a segment starting at g0 whose first owned slot is global id `id`: the rows
  * of that slot's window (and, for r == 4 and j > 0, of the previous window) before g0. */
@@ -30,22 +30,19 @@ static void cmp_halo_of(const dsv4_docs *docs, int64_t g0, int64_t id, int64_t *
   *c_full = g0 > w ? g0 - w : 0;
 }
 
-dsv4_status dsv4_layout_build(dsv4_layout *lay, const dsv4_docs *docs, const dsv4_range *segs, int n_seg, int W,
-                              int ext_kv) {
+dsv4_status dsv4_layout_build(dsv4_layout *lay, const dsv4_docs *docs, const dsv4_range *segs, int n_seg, int W) {
   dsv4_status rc = DSV4_OK;
   const int r = docs->ratio;
   memset(lay, 0, sizeof *lay);
   lay->ratio = r;
   lay->n_seg = n_seg;
-  lay->ext_kv = ext_kv;
-  lay->panel = dsv4_panel_rows(docs->T);
   DSV4_ALLOC(lay->seg, n_seg);
   for (int s = 0; s < n_seg; s++) {
     dsv4_seg *sg = &lay->seg[s];
     sg->g0 = segs[s].g0;
     sg->len = segs[s].len;
     sg->lo = lay->n;
-    if (ext_kv) { /* a segment whose first token is real looks back min(t0, W - 1) rows */
+    { /* a segment whose first token is real looks back min(t0, W - 1) rows */
       const int doc = dsv4_docs_find(docs, sg->g0);
       const int64_t t0 = sg->g0 - docs->cu[doc];
       sg->win_halo = t0 < docs->real[doc] ? (t0 < W - 1 ? t0 : W - 1) : 0;
@@ -68,6 +65,7 @@ dsv4_status dsv4_layout_build(dsv4_layout *lay, const dsv4_docs *docs, const dsv
     lay->n += sg->len;
   }
   lay->n_blk_all = lay->n_blk;
+  lay->ext_kv = lay->R_kv > lay->n;
   return DSV4_OK;
 fail:
   dsv4_layout_free(lay);
@@ -87,19 +85,29 @@ void dsv4_layout_free(dsv4_layout *lay) {
   memset(lay, 0, sizeof *lay);
 }
 
-dsv4_status dsv4_layout_copy(dsv4_layout *dst, const dsv4_layout *src, int64_t n_cmp) {
+dsv4_status dsv4_layouts_all(const dsv4_docs *docs, const dsv4_packing *pk, dsv4_split split, int size, int W,
+                             dsv4_layout **lays) {
   dsv4_status rc = DSV4_OK;
-  *dst = *src;
-  dst->seg = NULL;
-  dst->gather = NULL;
-  DSV4_ALLOC(dst->seg, src->n_seg);
-  memcpy(dst->seg, src->seg, sizeof(dsv4_seg) * (size_t)src->n_seg);
-  if (src->gather) {
-    DSV4_ALLOC(dst->gather, n_cmp + 1);
-    memcpy(dst->gather, src->gather, sizeof(int32_t) * (size_t)n_cmp);
+  dsv4_range *segs = NULL;
+  int ns = 0;
+  *lays = NULL;
+  DSV4_ALLOC(*lays, size);
+  for (int q = 0; q < size; q++) {
+    DSV4_TRY(dsv4_shard_segments(pk, split, q, size, &segs, &ns));
+    DSV4_TRY(dsv4_layout_build(&(*lays)[q], docs, segs, ns, W));
+    free(segs);
+    segs = NULL;
+    /* every rank has the same segment lengths, so the same slot buffer */
+    DSV4_CHECK((*lays)[q].n_blk == (*lays)[0].n_blk, DSV4_ERR_STATE,
+               "internal: ranks 0 and %d have different slot buffers", q);
+    (*lays)[q].n_blk_all = (*lays)[q].n_blk * size;
   }
-  return DSV4_OK;
 fail:
-  dsv4_layout_free(dst);
+  free(segs);
+  if (rc != DSV4_OK && *lays) {
+    for (int q = 0; q < size; q++) dsv4_layout_free(&(*lays)[q]);
+    free(*lays);
+    *lays = NULL;
+  }
   return rc;
 }

@@ -1,6 +1,5 @@
-/* docs.h: the packed-sequence meta of SPEC section 4, validated once per call: document table,
- * per-document compressed slot counts, and the token map (doc, doc-local position, real) of a set
- * of global token ranges. Shared by the one-rank core and the CP core. */
+/* docs.h: the packed-sequence meta of docs/spec.md section 4, validated once per plan: the document
+ * table, per-document compressed slot counts, and the slot arithmetic every rank derives alone. */
 #ifndef DSV4_DOCS_H
 #define DSV4_DOCS_H
 
@@ -40,18 +39,5 @@ void dsv4_docs_pos_range(const dsv4_docs *d, int64_t g0, int64_t len, int64_t *l
 int64_t dsv4_docs_slots_before(const dsv4_docs *d, int64_t g);
 /* Document and in-document index j of global slot id (0 <= id < n_cmp). */
 void dsv4_docs_slot(const dsv4_docs *d, int64_t id, int *doc, int64_t *j);
-
-/* Owned storage behind a dsv4_token_map. */
-typedef struct {
-  dsv4_token_map map;
-  int64_t *global;
-  int32_t *doc, *pos;
-  uint8_t *real;
-  int64_t cap;
-} dsv4_tokmap_buf;
-
-/* Fills the map for n local rows whose global indices are glob[0..n). */
-dsv4_status dsv4_tokmap_fill(dsv4_tokmap_buf *b, const dsv4_docs *d, const int64_t *glob, int64_t n);
-void dsv4_tokmap_free(dsv4_tokmap_buf *b);
 
 #endif

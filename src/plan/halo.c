@@ -1,12 +1,12 @@
-/* plan.c: layouts, gather index and halo plans of two-stage CP (see plan.h). */
-#include "plan.h"
-
+/* halo.c: the halo plans of two-stage CP (plan.h): for the window halo and the two compressor
+ * halos, which rows every rank sends to and receives from which peer, derived from every rank's
+ * layout so that sender and receiver agree on the rows and their order without a message. */
 #include <string.h>
 
-#include "shard.h"
+#include "plan.h"
 #include "util/err.h"
 
-void cp_plan_free(cp_plan *p) {
+void dsv4_halo_plan_free(dsv4_halo_plan *p) {
   for (int i = 0; i < p->n_send; i++) free(p->send[i].rows);
   for (int i = 0; i < p->n_recv; i++) free(p->recv[i].rows);
   free(p->send);
@@ -14,41 +14,6 @@ void cp_plan_free(cp_plan *p) {
   free(p->self_src);
   free(p->self_dst);
   memset(p, 0, sizeof *p);
-}
-
-dsv4_status cp_layout(const dsv4_docs *docs, const dsv4_packing *pk, dsv4_split split, int rank, int size,
-                      int W, int with_gather, dsv4_layout *lay) {
-  dsv4_status rc = DSV4_OK;
-  dsv4_range *segs = NULL;
-  dsv4_layout other = {0};
-  int ns = 0;
-  memset(lay, 0, sizeof *lay);
-  DSV4_TRY(dsv4_shard_segments(pk, split, rank, size, &segs, &ns));
-  DSV4_TRY(dsv4_layout_build(lay, docs, segs, ns, W, 1));
-  lay->n_blk_all = lay->n_blk * size; /* every rank has the same segment lengths, so the same n_blk */
-  if (with_gather && docs->ratio > 0) {
-    /* every slot is owned by exactly one segment of one rank: fill the index rank by rank */
-    DSV4_ALLOC(lay->gather, docs->n_cmp + 1);
-    for (int q = 0; q < size; q++) {
-      if (q == rank) {
-        dsv4_layout_set_gather(lay, q, lay->gather);
-        continue;
-      }
-      free(segs);
-      segs = NULL;
-      DSV4_TRY(dsv4_shard_segments(pk, split, q, size, &segs, &ns));
-      DSV4_TRY(dsv4_layout_build(&other, docs, segs, ns, W, 1));
-      DSV4_CHECK(other.n_blk == lay->n_blk, DSV4_ERR_STATE, "internal: ranks %d and %d have different slot buffers",
-                 rank, q);
-      dsv4_layout_set_gather(&other, q, lay->gather);
-      dsv4_layout_free(&other);
-    }
-  }
-fail:
-  free(segs);
-  dsv4_layout_free(&other);
-  if (rc != DSV4_OK) dsv4_layout_free(lay);
-  return rc;
 }
 
 /* ---- halo plans ------------------------------------------------------------------------------ */
@@ -89,18 +54,18 @@ static const owner_seg *owner_of(const owner_seg *v, int n, int64_t g) {
 }
 
 /* Appends row to the message for peer (messages are created in first-use order). */
-static dsv4_status add_row(cp_msg **msgs, int *n, int peer, int32_t row) {
+static dsv4_status add_row(dsv4_halo_msg **msgs, int *n, int peer, int32_t row) {
   dsv4_status rc = DSV4_OK;
   int i = 0;
   while (i < *n && (*msgs)[i].peer != peer) i++;
   if (i == *n) {
-    cp_msg *m = realloc(*msgs, sizeof(cp_msg) * (size_t)(*n + 1));
+    dsv4_halo_msg *m = realloc(*msgs, sizeof(dsv4_halo_msg) * (size_t)(*n + 1));
     DSV4_CHECK(m, DSV4_ERR_NOMEM, "cp plan: out of memory");
     *msgs = m;
-    m[i] = (cp_msg){.peer = peer};
+    m[i] = (dsv4_halo_msg){.peer = peer};
     (*n)++;
   }
-  cp_msg *m = &(*msgs)[i];
+  dsv4_halo_msg *m = &(*msgs)[i];
   int32_t *rows = realloc(m->rows, sizeof(int32_t) * (size_t)(m->n + 1));
   DSV4_CHECK(rows, DSV4_ERR_NOMEM, "cp plan: out of memory");
   m->rows = rows;
@@ -111,17 +76,18 @@ fail:
 
 /* Halo rows [a, b) of a segment, as offsets before its first token g0 (a >= b >= 0: the rows are
  * global [g0 - a, g0 - b)), and the first halo row of the segment in its extended buffer. */
-static void halo_span(const dsv4_seg *d, cp_halo kind, int64_t *a, int64_t *b, int64_t *buf_first) {
+static void halo_span(const dsv4_seg *d, dsv4_halo_kind kind, int64_t *a, int64_t *b, int64_t *buf_first) {
   switch (kind) {
-    case CP_HALO_WINDOW: *a = d->win_halo, *b = 0, *buf_first = d->kv_row; return;
-    case CP_HALO_CMP_HALF: *a = d->c_halo, *b = d->c_full, *buf_first = d->c_row; return;
-    case CP_HALO_CMP_FULL: *a = d->c_full, *b = 0, *buf_first = d->c_row + d->c_halo - d->c_full; return;
+    case DSV4_HALO_WINDOW: *a = d->win_halo, *b = 0, *buf_first = d->kv_row; return;
+    case DSV4_HALO_CMP_HALF: *a = d->c_halo, *b = d->c_full, *buf_first = d->c_row; return;
+    case DSV4_HALO_CMP_FULL: *a = d->c_full, *b = 0, *buf_first = d->c_row + d->c_halo - d->c_full; return;
+    case DSV4_HALO_KINDS: break;
   }
 }
 
 /* Row of global token g in the extended buffer of the segment that owns it (its own rows). */
-static int32_t own_row(const dsv4_seg *src, cp_halo kind, int64_t g) {
-  return (int32_t)(kind == CP_HALO_WINDOW ? src->kv_row + src->win_halo + (g - src->g0)
+static int32_t own_row(const dsv4_seg *src, dsv4_halo_kind kind, int64_t g) {
+  return (int32_t)(kind == DSV4_HALO_WINDOW ? src->kv_row + src->win_halo + (g - src->g0)
                                           : src->c_row + src->c_halo + (g - src->g0));
 }
 
@@ -132,7 +98,7 @@ static int32_t own_row(const dsv4_seg *src, cp_halo kind, int64_t g) {
  * Worked example (docs/cp.md): one document of 16, W = 8, N = 4 (L = 4): rank 2's window halo is
  * [1, 8), rows 1..3 from rank 0 and 4..7 from rank 1; rank 0 sends rows 1..3 to rank 2 (and rows
  * 0..3 to rank 1), in that order on both sides. */
-static dsv4_status build_plan(const dsv4_layout *lays, int size, int me, cp_halo kind, cp_plan *p) {
+static dsv4_status build_plan(const dsv4_layout *lays, int size, int me, dsv4_halo_kind kind, dsv4_halo_plan *p) {
   dsv4_status rc = DSV4_OK;
   owner_seg *all = NULL;
   int n_all = 0;
@@ -167,11 +133,11 @@ static dsv4_status build_plan(const dsv4_layout *lays, int size, int me, cp_halo
   }
 fail:
   free(all);
-  if (rc != DSV4_OK) cp_plan_free(p);
+  if (rc != DSV4_OK) dsv4_halo_plan_free(p);
   return rc;
 }
 
-dsv4_status cp_plan_halo(const dsv4_layout *lays, int size, int me, cp_halo kind, cp_plan *p) {
+dsv4_status dsv4_halo_plan_build(const dsv4_layout *lays, int size, int me, dsv4_halo_kind kind, dsv4_halo_plan *p) {
   return build_plan(lays, size, me, kind, p);
 }
 
@@ -179,7 +145,7 @@ dsv4_status cp_plan_halo(const dsv4_layout *lays, int size, int me, cp_halo kind
  * rows each rank sends and receives for one halo kind, and the messages (distinct peers) of each
  * direction. Halo rows are walked owner segment by owner segment, so the cost is the number of
  * (halo, owner) pieces, not rows. */
-dsv4_status cp_plan_halo_counts(const dsv4_layout *lays, int size, cp_halo kind, uint64_t *rows_sent,
+dsv4_status dsv4_halo_counts(const dsv4_layout *lays, int size, dsv4_halo_kind kind, uint64_t *rows_sent,
                                 uint64_t *rows_recv, uint64_t *msgs_sent, uint64_t *msgs_recv) {
   dsv4_status rc = DSV4_OK;
   owner_seg *all = NULL;

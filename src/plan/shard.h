@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 #include "dsv4cp.h"
-#include "model/docs.h"
+#include "plan/docs.h"
 
 /* The segments of rank `rank` of `size`, in the order their rows are stored locally. The only
  * requirement is that the unit (stream, or each sequence of a batch) divides into size slices

@@ -1,4 +1,4 @@
-/* docs.c: packed-sequence validation and token maps (see docs.h). */
+/* docs.c: packed-sequence validation and the slot arithmetic (see docs.h). */
 #include "docs.h"
 
 #include <string.h>
@@ -95,42 +95,4 @@ int dsv4_docs_find(const dsv4_docs *d, int64_t g) {
     if (d->cu[mid] <= g) lo = mid; else hi = mid - 1;
   }
   return lo;
-}
-
-dsv4_status dsv4_tokmap_fill(dsv4_tokmap_buf *b, const dsv4_docs *d, const int64_t *glob, int64_t n) {
-  dsv4_status rc = DSV4_OK;
-  if (n > b->cap) {
-    dsv4_tokmap_free(b);
-    DSV4_ALLOC(b->global, n);
-    DSV4_ALLOC(b->doc, n);
-    DSV4_ALLOC(b->pos, n);
-    DSV4_ALLOC(b->real, n);
-    b->cap = n;
-  }
-  int doc = 0;
-  for (int64_t i = 0; i < n; i++) {
-    const int64_t g = glob[i];
-    DSV4_CHECK(g >= 0 && g < d->T, DSV4_ERR_ARG, "token map: global index %lld out of range",
-               (long long)g);
-    if (g < d->cu[doc] || g >= d->cu[doc + 1]) doc = dsv4_docs_find(d, g);
-    b->global[i] = g;
-    b->doc[i] = doc;
-    b->pos[i] = (int32_t)(g - d->cu[doc]);
-    b->real[i] = b->pos[i] < d->real[doc];
-  }
-  b->map.n = n;
-  b->map.global = b->global;
-  b->map.doc = b->doc;
-  b->map.pos = b->pos;
-  b->map.real = b->real;
-fail:
-  return rc;
-}
-
-void dsv4_tokmap_free(dsv4_tokmap_buf *b) {
-  free(b->global);
-  free(b->doc);
-  free(b->pos);
-  free(b->real);
-  memset(b, 0, sizeof *b);
 }

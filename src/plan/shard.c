@@ -31,7 +31,12 @@ dsv4_status dsv4_shard_segments(const dsv4_packing *pk, dsv4_split split, int ra
     DSV4_CHECK(units * U == pk->T, DSV4_ERR_ARG, "batched input: %lld sequences of %lld tokens, but T = %lld",
                (long long)units, (long long)U, (long long)pk->T);
   }
-  if (size == 1) split = DSV4_SPLIT_CONTIGUOUS; /* one rank holds everything, whatever the split */
+  if (size == 1) { /* one rank holds everything, whatever the split or batching: one run */
+    DSV4_ALLOC(*segs, 1);
+    (*segs)[0] = (dsv4_range){0, pk->T};
+    *n_seg = 1;
+    return DSV4_OK;
+  }
   const int pieces = split == DSV4_SPLIT_ZIGZAG ? 2 * size : size;
   const char *what = units > 1 ? "the sequence length S" : "T";
   DSV4_CHECK(U % pieces == 0, DSV4_ERR_ARG,

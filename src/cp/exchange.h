@@ -1,0 +1,78 @@
+/* exchange.h: every message of two-stage CP, driven by a plan (plan/plan.h), with byte and time
+ * accounting per message kind. The stages (model/stage_*.c) call these verbs; the transport below
+ * them is a dsv4_comm (cp/comm.h): the one-rank communicator moves nothing (its halo plans hold
+ * only rows a rank has itself, its all-gather is a copy), so one rank runs the same code as N.
+ *
+ * Byte counts per rank (what --stats prints and docs/cp.md plans):
+ *   point-to-point (halos): the bytes of each message sent / received;
+ *   all-gather and reduce-scatter of B bytes per rank: (N - 1) B sent and received (the ring
+ *   algorithm's volume, whichever algorithm MPI picks);
+ *   agreement: an all-reduce of DSV4_AGREE_VALUES int64, counted as 2 (N - 1) / N of its bytes;
+ *   loss reduce: an all-gather of one dsv4_loss_rec per rank.
+ * Nothing is counted on a one-rank communicator. */
+#ifndef DSV4_EXCHANGE_H
+#define DSV4_EXCHANGE_H
+
+#include "cp/comm.h"
+#include "plan/plan.h"
+#include "util/exactsum.h"
+
+/* Values of the agreement all-reduce: each of 4 quantities as (max, -min). */
+#define DSV4_AGREE_VALUES 8
+
+/* The KL loss partial each rank all-gathers: exact sum and valid count (32 bytes with the
+ * alignment of the 128-bit sum). */
+typedef struct {
+  dsv4_exactsum sum;
+  int64_t count;
+} dsv4_loss_rec;
+
+/* Slots of pending all-gathers: the main compressor's and the indexer's. */
+enum { DSV4_GATHER_MAIN = 0, DSV4_GATHER_INDEX = 1, DSV4_GATHERS = 2 };
+
+/* The transport state of one object (core): its communicator, the overlap choice, the counters,
+ * pending all-gathers and the halo packing buffers (kept across calls). */
+typedef struct {
+  dsv4_comm *comm;
+  int overlap;                  /* 1: all-gathers run while the window phase computes; 0: blocking */
+  dsv4_cp_stats stats;
+  dsv4_comm_req *gather_req[DSV4_GATHERS];
+  size_t gather_bytes[DSV4_GATHERS];
+  double gather_t0[DSV4_GATHERS];
+  float *sendbuf, *recvbuf;
+  size_t buf_cap;
+} dsv4_xfer;
+
+void dsv4_xfer_free(dsv4_xfer *x);
+double dsv4_xfer_now(void);
+
+/* Collective, first of every forward: all ranks agree on the configuration (cfg_hash), the packing
+ * meta, the local row count and the split, so that an input that differs between ranks fails on
+ * every rank with the same message instead of hanging one. */
+dsv4_status dsv4_xfer_agree(dsv4_xfer *x, uint64_t cfg_hash, const dsv4_packing *pk, int64_t n_local,
+                            dsv4_split split);
+
+/* Moves halo rows along plan h. Each row carries `width` floats of every array in bufs[0..nb),
+ * starting at column col0 (row stride ld). Forward: owners' rows -> halo rows (copied). Backward
+ * (reverse = 1): halo rows -> owners' rows (added), the transpose of the forward. Collective over
+ * the ranks the plan names (every rank calls it with the same tag). */
+dsv4_status dsv4_xfer_halo(dsv4_xfer *x, const dsv4_halo_plan *h, float *const *bufs, int nb, int64_t ld,
+                           int64_t col0, int64_t width, int tag, int reverse, dsv4_msg_kind kind);
+
+/* Stage 1's all-gather of `bytes` per rank from local into all ([N] x bytes): start, then wait.
+ * With overlap 0 the start completes it (blocking) and the wait only accounts. Collective. */
+dsv4_status dsv4_xfer_gather_start(dsv4_xfer *x, int slot, const void *local, void *all, size_t bytes);
+dsv4_status dsv4_xfer_gather_wait(dsv4_xfer *x, int slot);
+/* Lets started all-gathers progress (from the calling thread, between queries). */
+void dsv4_xfer_progress(dsv4_xfer *x);
+/* Completes any started all-gather (the error path, before buffers go). */
+void dsv4_xfer_drain(dsv4_xfer *x);
+
+/* The backward of the all-gather: mine[0..n) = sum over ranks of all[rank * n ..]. Collective. */
+dsv4_status dsv4_xfer_reduce_scatter(dsv4_xfer *x, const float *all, float *mine, size_t n);
+
+/* The KL loss partials (exact) and valid counts summed over ranks, in place; every rank gets the
+ * same bits, equal to the one-rank sum. Collective. */
+dsv4_status dsv4_xfer_loss(dsv4_xfer *x, dsv4_exactsum *sum, int64_t *count);
+
+#endif

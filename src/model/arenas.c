@@ -1,0 +1,183 @@
+/* arenas.c: the carve functions of arenas.h: the one description of what a layer call holds. */
+#include "arenas.h"
+
+#include "util/workspace.h"
+
+dsv4_status dsv4_arena_reserve(dsv4_arena *a, size_t bytes, const char *what) {
+  dsv4_status rc = DSV4_OK;
+  a->used = bytes;
+  if (bytes <= a->cap && a->base) return DSV4_OK;
+  free(a->base);
+  a->cap = 0;
+  a->base = aligned_alloc(DSV4_WS_ALIGN, (bytes + DSV4_WS_ALIGN) / DSV4_WS_ALIGN * DSV4_WS_ALIGN);
+  DSV4_CHECK(a->base, DSV4_ERR_NOMEM, "out of memory: %zu bytes for the %s", bytes, what);
+  a->cap = bytes;
+fail:
+  return rc;
+}
+
+void dsv4_arena_free(dsv4_arena *a) {
+  free(a->base);
+  a->base = NULL;
+  a->cap = a->used = 0;
+}
+
+void dsv4_dims_of(dsv4_dims *dm, const dsv4_config *cfg, const dsv4_plan *p, int recompute, dsv4_impl impl) {
+  const dsv4_layout *l = &p->lay;
+  const int r = p->key.ratio;
+  *dm = (dsv4_dims){.ratio = r, .recompute = recompute != 0, .fast = impl == DSV4_IMPL_FAST,
+                    .sparse_kl = cfg->index_loss_mode == DSV4_KL_SPARSE, .n = p->n,
+                    .m = p->n < DSV4_CHUNK_ROWS ? p->n : DSV4_CHUNK_ROWS, .R_kv = l->R_kv, .R_c = l->R_c,
+                    .ext_kv = l->ext_kv, .n_blk = l->n_blk, .n_blk_all = l->n_blk_all,
+                    .n_cmp = r > 0 ? p->docs.n_cmp : 0, .H = cfg->n_heads, .D = cfg->head_dim, .d = cfg->dim,
+                    .dq = cfg->q_lora_rank, .GRo = cfg->o_groups * cfg->o_lora_rank,
+                    .HGD = cfg->n_heads / cfg->o_groups * cfg->head_dim, .Hi = cfg->index_n_heads,
+                    .Di = cfg->index_head_dim, .k = cfg->index_topk};
+  dm->max_keys = p->max_win + (r == 4 ? cfg->index_topk : p->max_cmp);
+}
+
+#define F(n) (sizeof(float) * (size_t)(n))
+
+size_t dsv4_carve_core_saved(char *base, const dsv4_dims *m, dsv4_core_saved *s) {
+  dsv4_carver c = {base, 0};
+  const int64_t cD = (m->ratio == 4 ? 2 : 1) * (int64_t)m->D;
+  *s = (dsv4_core_saved){0};
+  s->lse = dsv4_carve(&c, F(m->n * m->H));
+  if (m->ext_kv) s->kv_ext = dsv4_carve(&c, F(m->R_kv * m->D));
+  if (m->ratio > 0) {
+    s->C = dsv4_carve(&c, F(m->R_c * cD));
+    s->Z = dsv4_carve(&c, F(m->R_c * cD));
+    s->cmp = dsv4_carve(&c, F(m->n_cmp * m->D));
+  }
+  if (m->ratio == 4) {
+    s->CI = dsv4_carve(&c, F(m->R_c * 2 * m->Di));
+    s->ZI = dsv4_carve(&c, F(m->R_c * 2 * m->Di));
+    s->KI = dsv4_carve(&c, F(m->n_cmp * m->Di));
+    s->topk = dsv4_carve(&c, sizeof(int32_t) * (size_t)(m->n * m->k));
+    s->scores = dsv4_carve(&c, F(m->n * m->k));
+    if (m->sparse_kl) s->teacher = dsv4_carve(&c, F(m->n * m->k));
+    s->kl_rows = dsv4_carve(&c, sizeof(double) * (size_t)m->n);
+    if (!m->recompute) { /* kept whole for the backward; recomputation makes them chunk by chunk */
+      s->qI = dsv4_carve(&c, F(m->n * m->Hi * m->Di));
+      s->wI = dsv4_carve(&c, F(m->n * m->Hi));
+    }
+  }
+  return c.used;
+}
+
+size_t dsv4_carve_core_fwd(char *base, const dsv4_dims *m, dsv4_core_fwd_scratch *s) {
+  dsv4_carver c = {base, 0};
+  *s = (dsv4_core_fwd_scratch){0};
+  if (m->ratio > 0) {
+    s->blk[0] = dsv4_carve(&c, F(m->n_blk * m->D));
+    s->all[0] = dsv4_carve(&c, F(m->n_blk_all * m->D));
+  }
+  if (m->ratio == 4) {
+    s->blk[1] = dsv4_carve(&c, F(m->n_blk * m->Di));
+    s->all[1] = dsv4_carve(&c, F(m->n_blk_all * m->Di));
+  }
+  if (m->fast) s->win_state = dsv4_carve(&c, F(2 * m->n * m->H));
+  if (m->ratio == 4 && m->recompute) {
+    s->qI = dsv4_carve(&c, F(m->m * m->Hi * m->Di));
+    s->wI = dsv4_carve(&c, F(m->m * m->Hi));
+  }
+  return c.used;
+}
+
+size_t dsv4_carve_core_bwd(char *base, const dsv4_dims *m, dsv4_core_bwd_scratch *s) {
+  dsv4_carver c = {base, 0};
+  const int64_t cD = (m->ratio == 4 ? 2 : 1) * (int64_t)m->D, dim = m->D > m->Di ? m->D : m->Di;
+  const int64_t cdim = cD > 2 * m->Di ? cD : 2 * m->Di;
+  *s = (dsv4_core_bwd_scratch){0};
+  s->d_ext = dsv4_carve(&c, F(m->R_kv * m->D));
+  if (m->ratio > 0) {
+    s->d_cmp = dsv4_carve(&c, F(m->n_cmp * m->D));
+    s->d_all = dsv4_carve(&c, F(m->n_blk_all * (m->ratio == 4 ? dim : m->D)));
+    s->d_blk = dsv4_carve(&c, F(m->n_blk * (m->ratio == 4 ? dim : m->D)));
+    s->dC = dsv4_carve(&c, F(m->R_c * (m->ratio == 4 ? cdim : cD)));
+    s->dZ = dsv4_carve(&c, F(m->R_c * (m->ratio == 4 ? cdim : cD)));
+  }
+  if (m->ratio == 4) {
+    s->d_KI = dsv4_carve(&c, F(m->n_cmp * m->Di));
+    s->d_qI = dsv4_carve(&c, F(m->m * m->Hi * m->Di));
+    s->d_wI = dsv4_carve(&c, F(m->m * m->Hi));
+  }
+  if (m->recompute) {
+    s->rc_lse = dsv4_carve(&c, F(m->m * m->H));
+    if (m->fast) {
+      s->rc_stride = (int64_t)m->H * m->max_keys;
+      s->rc_scores = dsv4_carve(&c, F(m->m * s->rc_stride));
+    }
+    if (m->ratio == 4) {
+      s->qI = dsv4_carve(&c, F(m->m * m->Hi * m->Di));
+      s->wI = dsv4_carve(&c, F(m->m * m->Hi));
+    }
+  }
+  return c.used;
+}
+
+size_t dsv4_carve_layer_saved(char *base, const dsv4_dims *m, dsv4_layer_saved *s) {
+  dsv4_carver c = {base, 0};
+  *s = (dsv4_layer_saved){0};
+  s->a = dsv4_carve(&c, F(m->n * m->dq));
+  s->qr = dsv4_carve(&c, F(m->n * m->dq));
+  s->c = dsv4_carve(&c, F(m->n * m->D));
+  s->kv = dsv4_carve(&c, F(m->n * m->D));
+  s->u = dsv4_carve(&c, F(m->n * m->GRo));
+  s->sa = dsv4_carve(&c, F(m->n));
+  s->sc = dsv4_carve(&c, F(m->n));
+  if (!m->recompute) {
+    s->q = dsv4_carve(&c, F(m->n * m->H * m->D));
+    s->o = dsv4_carve(&c, F(m->n * m->H * m->D));
+    s->sb = dsv4_carve(&c, F(m->n * m->H));
+  }
+  return c.used;
+}
+
+size_t dsv4_carve_layer_fwd(char *base, const dsv4_dims *m, dsv4_layer_fwd_scratch *s) {
+  dsv4_carver c = {base, 0};
+  const int64_t mf = m->recompute ? m->m : m->n; /* the forward's chunk */
+  *s = (dsv4_layer_fwd_scratch){0};
+  s->og = dsv4_carve(&c, F(mf * m->HGD));
+  if (m->recompute) {
+    s->q = dsv4_carve(&c, F(m->m * m->H * m->D));
+    s->o = dsv4_carve(&c, F(m->m * m->H * m->D));
+    s->sb = dsv4_carve(&c, F(m->m * m->H));
+  }
+  return c.used;
+}
+
+size_t dsv4_carve_layer_bwd(char *base, const dsv4_dims *m, dsv4_layer_bwd_scratch *s) {
+  dsv4_carver c = {base, 0};
+  *s = (dsv4_layer_bwd_scratch){0};
+  s->g = dsv4_carve(&c, F(m->m * m->d));
+  s->du = dsv4_carve(&c, F(m->m * m->GRo));
+  s->dop = dsv4_carve(&c, F(m->m * m->H * m->D));
+  s->dqr = dsv4_carve(&c, F(m->m * m->dq));
+  s->dkv = dsv4_carve(&c, F(m->n * m->D));
+  if (m->recompute) {
+    s->q = dsv4_carve(&c, F(m->m * m->H * m->D));
+    s->o = dsv4_carve(&c, F(m->m * m->H * m->D));
+    s->sb = dsv4_carve(&c, F(m->m * m->H));
+  }
+  return c.used;
+}
+
+size_t dsv4_core_scratch_bytes(const dsv4_dims *dm) {
+  dsv4_core_fwd_scratch f;
+  dsv4_core_bwd_scratch b;
+  const size_t x = dsv4_carve_core_fwd(NULL, dm, &f), y = dsv4_carve_core_bwd(NULL, dm, &b);
+  return x > y ? x : y;
+}
+
+size_t dsv4_layer_scratch_bytes(const dsv4_dims *dm) {
+  dsv4_layer_fwd_scratch f;
+  dsv4_layer_bwd_scratch b;
+  const size_t x = dsv4_carve_layer_fwd(NULL, dm, &f), y = dsv4_carve_layer_bwd(NULL, dm, &b);
+  return x > y ? x : y;
+}
+
+size_t dsv4_kernel_scratch_bytes(const dsv4_dims *m, int threads) {
+  const size_t nt = threads > 1 ? (size_t)threads : 1;
+  return (nt - 1) * F(m->R_kv * m->D + m->n_cmp * m->D + m->H);
+}

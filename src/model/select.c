@@ -1,0 +1,61 @@
+/* select.c: the selection stage of CSA (core.h): the indexer's queries of local rows, their top-k
+ * against the GLOBAL indexer keys with global causal visibility (ids in the global compressed
+ * sequence, the same width on every rank), and the backward of the queries' projections (the KL
+ * loss is their only source of gradient: the indexer's inputs are detached). */
+#include <math.h>
+#include <string.h>
+
+#include "core.h"
+#include "model/weights.h"
+#include "ops/placement.h"
+#include "util/err.h"
+#include "util/gemm.h"
+
+dsv4_status dsv4_select_queries(const dsv4_stage_env *e, int64_t i0, int64_t n, const float *qr, const float *x,
+                                float *qI, float *wI) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_plan *p = e->p;
+  const int Hi = e->cfg->index_n_heads, Di = e->cfg->index_head_dim, dq = e->cfg->q_lora_rank, d = e->cfg->dim;
+  DSV4_TRY(dsv4_proj_rows(qI, (int64_t)Hi * Di, qr + i0 * dq, dq, dsv4_w(e->w, W_I_WQ_B), n, (int64_t)Hi * Di, dq,
+                          p->global + i0, p->panel, e->impl));
+  DSV4_TRY(dsv4_proj_rows(wI, Hi, x + i0 * d, d, dsv4_w(e->w, W_I_PROJ), n, Hi, d, p->global + i0, p->panel, e->impl));
+  const float wscale = (float)(1.0 / sqrt((double)Di * Hi));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    for (int h = 0; h < Hi; h++) dsv4_rope_apply(&p->rope, qI + (i * Hi + h) * Di, Di, p->pos[i0 + i], 0);
+    for (int h = 0; h < Hi; h++) wI[i * Hi + h] *= wscale;
+  }
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_select_topk(const dsv4_stage_env *e, int64_t i0, int64_t n, const float *qI, const float *wI,
+                             const float *KI, int32_t *topk, float *scores) {
+  const dsv4_plan *p = e->p;
+  const int k = e->cfg->index_topk;
+  const dsv4_indexer_args ia = {.topk_ids = topk + i0 * k, .topk_scores = scores + i0 * k, .q_idx = qI, .k_idx = KI,
+                                .weights = wI, .vis_begin = p->cmp_begin + i0, .vis_count = p->cmp_count + i0,
+                                .S1 = n, .C = p->docs.n_cmp, .Hi = e->cfg->index_n_heads,
+                                .Di = e->cfg->index_head_dim, .topk = k};
+  dsv4_placement places[3];
+  dsv4_indexer_places(places);
+  return dsv4_lightning_indexer_dist(&ia, e->x->comm->size, places, e->impl);
+}
+
+/* w = (weights_proj x) * s  ->  d weights_proj += (s dw)^T x;  qI = RoPE(wq_b qr)  ->  RoPE^T */
+dsv4_status dsv4_select_queries_bwd(const dsv4_stage_env *e, int64_t i0, int64_t n, float *d_qI, float *d_w,
+                                    const float *qr, const float *x, dsv4_weights *grads) {
+  const dsv4_plan *p = e->p;
+  const dsv4_kernels *K = dsv4_kernels_get(e->impl);
+  const int Hi = e->cfg->index_n_heads, Di = e->cfg->index_head_dim, d = e->cfg->dim, dq = e->cfg->q_lora_rank;
+  const float wscale = (float)(1.0 / sqrt((double)Di * Hi));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    for (int h = 0; h < Hi; h++) d_w[i * Hi + h] *= wscale;
+    for (int h = 0; h < Hi; h++) dsv4_rope_apply(&p->rope, d_qI + (i * Hi + h) * Di, Di, p->pos[i0 + i], 1);
+  }
+  K->gemm_tn(Hi, d, n, 1.0f, d_w, Hi, x + i0 * d, d, 1.0f, dsv4_w(grads, W_I_PROJ), d);
+  K->gemm_tn((int64_t)Hi * Di, dq, n, 1.0f, d_qI, (int64_t)Hi * Di, qr + i0 * dq, dq, 1.0f, dsv4_w(grads, W_I_WQ_B),
+             dq);
+  return DSV4_OK;
+}

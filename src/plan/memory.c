@@ -1,0 +1,49 @@
+/* memory.c: what one rank holds for one layer forward + backward (dsv4_cp_plan_memory), from the
+ * same carve functions the call itself uses (model/arenas.h) on the rank's own plan: the saved
+ * bytes planned are the bytes a training forward carves, by construction. */
+#include <string.h>
+
+#include "model/arenas.h"
+#include "model/weights.h"
+#include "plan.h"
+#include "shard.h"
+#include "util/err.h"
+
+dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                const dsv4_cp_config *cp, const dsv4_plan_opts *opts, int rank, int size,
+                                dsv4_memory_plan *out) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_plan p = {0};
+  dsv4_plan_key key = {0};
+  int have = 0;
+  DSV4_CHECK(cfg && pk && out && size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "plan: bad arguments");
+  memset(out, 0, sizeof *out);
+  const int r = dsv4_config_ratio(cfg, layer), recompute = opts && opts->recompute;
+  DSV4_CHECK(r >= 0, DSV4_ERR_ARG, "plan: layer %d out of range", layer);
+  const dsv4_split split = cp ? cp->split : DSV4_SPLIT_CONTIGUOUS;
+  int64_t n = 0, nw = 0;
+  DSV4_TRY(dsv4_cp_shard_rows(pk, cp, rank, size, NULL, &n));
+  DSV4_TRY(dsv4_plan_key_set(&key, pk, n, r, cfg->window, split, rank, size));
+  DSV4_TRY(dsv4_plan_build(&p, cfg, &key, DSV4_PLAN_LOCAL)); /* this rank's shapes only */
+  have = 1;
+  dsv4_dims dm;
+  dsv4_dims_of(&dm, cfg, &p, recompute, DSV4_IMPL_FAST);
+  dsv4_core_saved cs;
+  dsv4_layer_saved ls;
+  DSV4_TRY(dsv4_weights_numel(cfg, layer, &nw));
+  const uint64_t d = (uint64_t)cfg->dim, k = (uint64_t)cfg->index_topk;
+  out->weights = out->grads = sizeof(float) * (uint64_t)nw;
+  out->saved = dsv4_carve_layer_saved(NULL, &dm, &ls) + dsv4_carve_core_saved(NULL, &dm, &cs);
+  out->replicated = sizeof(float) * (uint64_t)dm.n_cmp * (uint64_t)(r > 0 ? cfg->head_dim + (r == 4 ? cfg->index_head_dim : 0) : 0);
+  /* the scratch arenas, the plan (token map, query tables, slot tables, gather index, RoPE table),
+   * and the kernels' own per-call workspace */
+  out->transient = dsv4_layer_scratch_bytes(&dm) + dsv4_core_scratch_bytes(&dm) + p.bytes +
+                   (r > 0 ? sizeof(int32_t) * (uint64_t)dm.n_cmp : 0) +
+                   dsv4_kernel_scratch_bytes(&dm, opts ? opts->threads : 1);
+  out->io = (uint64_t)n * (4 * d * sizeof(float) + (r == 4 ? k * sizeof(int32_t) : 0));
+  out->total = out->weights + out->grads + out->saved + out->transient + out->io;
+fail:
+  if (have) dsv4_plan_free(&p);
+  dsv4_plan_key_free(&key);
+  return rc;
+}

@@ -1,0 +1,317 @@
+/* plan.c: builds the plan of one forward on one rank (plan.h) from its key: every rank's layout
+ * from the split, the gather index, the halo plans, then this rank's token map, query windows,
+ * visible compressed ranges, owned slot table, chunks and RoPE table. Host arithmetic on global
+ * meta only: every rank builds the same plans without a message. */
+#include <string.h>
+
+#include "plan.h"
+#include "shard.h"
+#include "util/err.h"
+#include "util/gemm.h"
+
+dsv4_status dsv4_plan_key_set(dsv4_plan_key *k, const dsv4_packing *pk, int64_t n_local, int ratio, int window,
+                              dsv4_split split, int rank, int size) {
+  dsv4_status rc = DSV4_OK;
+  memset(k, 0, sizeof *k);
+  DSV4_CHECK(pk, DSV4_ERR_ARG, "packing meta is NULL");
+  DSV4_CHECK(pk->T > 0, DSV4_ERR_ARG, "T must be positive (got %lld)", (long long)pk->T);
+  DSV4_CHECK(n_local >= 0, DSV4_ERR_ARG, "negative local row count %lld", (long long)n_local);
+  DSV4_CHECK(size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "bad rank %d of %d", rank, size);
+  DSV4_CHECK(split == DSV4_SPLIT_CONTIGUOUS || split == DSV4_SPLIT_ZIGZAG, DSV4_ERR_ARG, "unknown split %d",
+             (int)split);
+  k->T = pk->T;
+  k->n_local = n_local;
+  k->batched = pk->batched != 0;
+  k->ratio = ratio;
+  k->window = window;
+  k->split = size == 1 ? DSV4_SPLIT_CONTIGUOUS : split; /* one rank holds everything, whatever the split */
+  k->rank = rank;
+  k->size = size;
+  if (pk->cu_seqlens) {
+    /* bounded before reading: n_docs entries of documents of at least one token each */
+    DSV4_CHECK(pk->n_docs >= 1 && pk->n_docs <= pk->T, DSV4_ERR_ARG,
+               "cu_seqlens must describe 1 .. T = %lld documents (n_docs = %d)", (long long)pk->T, pk->n_docs);
+    k->n_docs = pk->n_docs;
+    DSV4_ALLOC(k->cu, k->n_docs + 1);
+    memcpy(k->cu, pk->cu_seqlens, sizeof(int32_t) * (size_t)(k->n_docs + 1));
+    if (pk->seqlens_real) {
+      k->has_real = 1;
+      DSV4_ALLOC(k->real, k->n_docs);
+      memcpy(k->real, pk->seqlens_real, sizeof(int32_t) * (size_t)k->n_docs);
+    }
+  }
+  return DSV4_OK;
+fail:
+  dsv4_plan_key_free(k);
+  return rc;
+}
+
+void dsv4_plan_key_free(dsv4_plan_key *k) {
+  free(k->cu);
+  free(k->real);
+  memset(k, 0, sizeof *k);
+}
+
+int dsv4_plan_key_equal(const dsv4_plan_key *a, const dsv4_plan_key *b) {
+  if (a->T != b->T || a->n_local != b->n_local || a->n_docs != b->n_docs || a->batched != b->batched ||
+      a->has_real != b->has_real || a->ratio != b->ratio || a->window != b->window || a->rank != b->rank ||
+      a->size != b->size || a->split != b->split)
+    return 0;
+  if (a->n_docs && memcmp(a->cu, b->cu, sizeof(int32_t) * (size_t)(a->n_docs + 1))) return 0;
+  if (a->has_real && memcmp(a->real, b->real, sizeof(int32_t) * (size_t)a->n_docs)) return 0;
+  return 1;
+}
+
+void dsv4_plan_free(dsv4_plan *p) {
+  dsv4_plan_key_free(&p->key);
+  dsv4_docs_free(&p->docs);
+  dsv4_layout_free(&p->lay);
+  for (int k = 0; k < DSV4_HALO_KINDS; k++) dsv4_halo_plan_free(&p->halo[k]);
+  free(p->global);
+  free(p->doc);
+  free(p->pos);
+  free(p->real);
+  free(p->win_start);
+  free(p->win_len);
+  free(p->cmp_begin);
+  free(p->cmp_count);
+  free(p->slot_cur);
+  free(p->slot_prev);
+  free(p->slot_pos);
+  free(p->slot_blk);
+  free(p->chunk);
+  dsv4_rope_free(&p->rope);
+  memset(p, 0, sizeof *p);
+}
+
+/* Token map: global index, document, position and real flag of each local row, segment by segment. */
+static dsv4_status token_map(dsv4_plan *p) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_layout *lay = &p->lay;
+  const int64_t n = lay->n;
+  DSV4_ALLOC(p->global, n);
+  DSV4_ALLOC(p->doc, n);
+  DSV4_ALLOC(p->pos, n);
+  DSV4_ALLOC(p->real, n);
+  for (int s = 0; s < lay->n_seg; s++) {
+    const dsv4_seg *sg = &lay->seg[s];
+    int doc = dsv4_docs_find(&p->docs, sg->g0);
+    for (int64_t i = 0; i < sg->len; i++) {
+      const int64_t row = sg->lo + i, g = sg->g0 + i;
+      while (g >= p->docs.cu[doc + 1]) doc++;
+      p->global[row] = g;
+      p->doc[row] = doc;
+      p->pos[row] = (int32_t)(g - p->docs.cu[doc]);
+      p->real[row] = p->pos[row] < p->docs.real[doc];
+    }
+  }
+fail:
+  return rc;
+}
+
+/* Window of every local row in kv_ext (docs/spec.md section 3 step 4, clamped to the document
+ * start; padding rows get none), and the visible compressed range: the slots of its document that
+ * end at or before it. */
+static dsv4_status query_ranges(dsv4_plan *p) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_layout *lay = &p->lay;
+  const int W = p->key.window, r = p->key.ratio;
+  DSV4_ALLOC(p->win_start, p->n);
+  DSV4_ALLOC(p->win_len, p->n);
+  for (int s = 0; s < lay->n_seg; s++) {
+    const dsv4_seg *sg = &lay->seg[s];
+    for (int64_t i = 0; i < sg->len; i++) {
+      const int64_t row = sg->lo + i, ext = sg->kv_row + sg->win_halo + i, pos = p->pos[row];
+      const int64_t len = p->real[row] ? (pos < W - 1 ? pos : W - 1) + 1 : 0;
+      p->win_len[row] = (int32_t)len;
+      p->win_start[row] = (int32_t)(len ? ext - len + 1 : ext);
+      p->max_win = len > p->max_win ? len : p->max_win;
+    }
+  }
+  if (r > 0) {
+    DSV4_ALLOC(p->cmp_begin, p->n);
+    DSV4_ALLOC(p->cmp_count, p->n);
+    for (int64_t i = 0; i < p->n; i++) {
+      p->cmp_begin[i] = (int32_t)p->docs.cu_cmp[p->doc[i]];
+      p->cmp_count[i] = p->real[i] ? (p->pos[i] + 1) / r : 0;
+      p->max_cmp = p->cmp_count[i] > p->max_cmp ? p->cmp_count[i] : p->max_cmp;
+    }
+  }
+fail:
+  return rc;
+}
+
+/* The slots this rank owns, in global id order: the first row of their own window in C/Z_ext, of
+ * their previous window (r == 4, j > 0; -1 otherwise), the RoPE position j r and their row in the
+ * local slot buffer.
+ * Worked example (plan/layout.c): r = 4, one document of 16, N = 8, W = 4; rank 3 holds [6, 8) with
+ * c_halo = 6 (global rows 0..5 in C/Z_ext rows 0..5, own rows 6, 7 in rows 6, 7) and owns slot 1:
+ * own window [4, 8) -> cur row 4, previous window [0, 4) -> prev row 0, position 4, slot buffer
+ * row 0. */
+static dsv4_status slot_table(dsv4_plan *p) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_layout *lay = &p->lay;
+  const dsv4_docs *docs = &p->docs;
+  const int r = p->key.ratio;
+  DSV4_ALLOC(p->slot_cur, lay->n_own);
+  DSV4_ALLOC(p->slot_prev, lay->n_own);
+  DSV4_ALLOC(p->slot_pos, lay->n_own);
+  DSV4_ALLOC(p->slot_blk, lay->n_own);
+  int64_t n = 0;
+  for (int s = 0; s < lay->n_seg; s++) {
+    const dsv4_seg *sg = &lay->seg[s];
+    const int64_t first = sg->g0 - sg->c_halo; /* global token of the segment's first C/Z_ext row */
+    for (int64_t k = 0; k < sg->n_own; k++) {
+      int doc;
+      int64_t j;
+      dsv4_docs_slot(docs, sg->id0 + k, &doc, &j);
+      const int64_t w = docs->cu[doc] + j * r;
+      DSV4_CHECK(w >= first && (r != 4 || j == 0 || w - r >= first), DSV4_ERR_STATE,
+                 "internal: slot %lld of the segment at token %lld lacks compressor halo rows",
+                 (long long)(sg->id0 + k), (long long)sg->g0);
+      const int64_t cur = sg->c_row + (w - first);
+      p->slot_cur[n] = (int32_t)cur;
+      p->slot_prev[n] = (int32_t)(r == 4 && j > 0 ? cur - r : -1);
+      p->slot_pos[n] = (int32_t)(j * r);
+      p->slot_blk[n] = (int32_t)(sg->blk0 + k);
+      n++;
+    }
+  }
+  p->n_slot = n;
+fail:
+  return rc;
+}
+
+int64_t dsv4_plan_chunk_end(const dsv4_plan *p, int64_t i0) {
+  const int64_t *g = p->global;
+  int64_t i = i0 + 1;
+  while (i < p->n && i - i0 < DSV4_CHUNK_ROWS && g[i] == g[i - 1] + 1 && g[i] % DSV4_CHUNK_ROWS != 0) i++;
+  return i;
+}
+
+static dsv4_status chunks(dsv4_plan *p) {
+  dsv4_status rc = DSV4_OK;
+  int64_t n = 0;
+  for (int64_t i0 = 0; i0 < p->n; i0 = dsv4_plan_chunk_end(p, i0)) n++;
+  DSV4_ALLOC(p->chunk, n + 1);
+  n = 0;
+  for (int64_t i0 = 0; i0 < p->n; i0 = dsv4_plan_chunk_end(p, i0)) p->chunk[n++] = i0;
+  p->chunk[n] = p->n;
+  p->n_chunk = n;
+fail:
+  return rc;
+}
+
+/* The RoPE positions this rank uses: its rows' positions, and the slots it pools (position j r of a
+ * slot whose window starts at most 2r - 1 rows before its segment's first row, plan/layout.c). */
+static dsv4_status rope_table(dsv4_plan *p, const dsv4_config *cfg) {
+  dsv4_status rc = DSV4_OK;
+  int64_t lo = INT64_MAX, hi = 0;
+  for (int64_t i = 0; i < p->n; i++) {
+    lo = p->pos[i] < lo ? p->pos[i] : lo;
+    hi = p->pos[i] + 1 > hi ? p->pos[i] + 1 : hi;
+  }
+  if (p->n == 0) lo = 0;
+  lo -= 2 * p->key.ratio;
+  DSV4_TRY(dsv4_rope_init(&p->rope, cfg, p->key.ratio));
+  DSV4_TRY(dsv4_rope_reserve(&p->rope, lo > 0 ? lo : 0, hi));
+fail:
+  return rc;
+}
+
+/* LOCAL mode: the longest window and visible compressed range of this rank's queries and the size
+ * of the RoPE table, segment by segment over the documents each overlaps (no per-row tables). */
+static void local_sizes(dsv4_plan *p, int64_t *rope_cap) {
+  const dsv4_docs *d = &p->docs;
+  const int W = p->key.window, r = p->key.ratio;
+  int64_t lo = INT64_MAX, hi = 0;
+  for (int s = 0; s < p->lay.n_seg; s++) {
+    const dsv4_seg *sg = &p->lay.seg[s];
+    const int64_t g1 = sg->g0 + sg->len;
+    for (int i = dsv4_docs_find(d, sg->g0); i < d->n_docs && d->cu[i] < g1; i++) {
+      const int64_t a = sg->g0 > d->cu[i] ? sg->g0 : d->cu[i], b = g1 < d->cu[i + 1] ? g1 : d->cu[i + 1];
+      lo = a - d->cu[i] < lo ? a - d->cu[i] : lo;
+      hi = b - d->cu[i] > hi ? b - d->cu[i] : hi;
+      const int64_t last_real = (b < d->cu[i] + d->real[i] ? b : d->cu[i] + d->real[i]) - 1 - d->cu[i];
+      if (last_real < a - d->cu[i]) continue; /* only padding of this document here */
+      const int64_t nw = (last_real < W - 1 ? last_real : W - 1) + 1;
+      p->max_win = nw > p->max_win ? nw : p->max_win;
+      if (r > 0 && (last_real + 1) / r > p->max_cmp) p->max_cmp = (last_real + 1) / r;
+    }
+  }
+  if (lo == INT64_MAX) lo = 0;
+  lo = lo - 2 * r > 0 ? lo - 2 * r : 0;
+  int64_t cap = 256; /* dsv4_rope_reserve's table size */
+  while (cap < hi - lo) cap *= 2;
+  *rope_cap = cap;
+  p->n_chunk = p->n / DSV4_CHUNK_ROWS + p->lay.n_seg + 1; /* an upper bound */
+}
+
+static size_t halo_bytes(const dsv4_halo_plan *h) {
+  size_t b = sizeof(int32_t) * 2 * (size_t)h->n_self;
+  for (int i = 0; i < h->n_send; i++) b += sizeof(int32_t) * (size_t)h->send[i].n;
+  for (int i = 0; i < h->n_recv; i++) b += sizeof(int32_t) * (size_t)h->recv[i].n;
+  return b;
+}
+
+dsv4_status dsv4_plan_build(dsv4_plan *p, const dsv4_config *cfg, dsv4_plan_key *key, dsv4_plan_mode mode) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_layout *lays = NULL;
+  dsv4_range *segs = NULL;
+  int ns = 0;
+  memset(p, 0, sizeof *p);
+  p->key = *key;
+  memset(key, 0, sizeof *key);
+  const dsv4_plan_key *k = &p->key;
+  const int N = k->size, me = k->rank;
+  const dsv4_packing pk = {.cu_seqlens = k->cu, .seqlens_real = k->real, .n_docs = k->n_docs, .T = k->T,
+                           .batched = k->batched};
+  p->mode = mode;
+  DSV4_TRY(dsv4_docs_build(&p->docs, &pk, k->ratio));
+  if (mode == DSV4_PLAN_LOCAL) {
+    DSV4_TRY(dsv4_shard_segments(&pk, k->split, me, N, &segs, &ns));
+    DSV4_TRY(dsv4_layout_build(&p->lay, &p->docs, segs, ns, k->window));
+    p->lay.n_blk_all = p->lay.n_blk * N; /* every rank has the same segment lengths */
+  } else {
+    DSV4_TRY(dsv4_layouts_all(&p->docs, &pk, k->split, N, k->window, &lays));
+    for (int h = 0; h < DSV4_HALO_KINDS; h++)
+      if (h == DSV4_HALO_WINDOW || k->ratio > 0)
+        DSV4_TRY(dsv4_halo_plan_build(lays, N, me, (dsv4_halo_kind)h, &p->halo[h]));
+    p->lay = lays[me];
+    memset(&lays[me], 0, sizeof lays[me]);
+  }
+  DSV4_CHECK(p->lay.n == k->n_local, DSV4_ERR_ARG,
+             "x has %lld local rows but rank %d of %d holds %lld rows (T = %lld)", (long long)k->n_local, me, N,
+             (long long)p->lay.n, (long long)k->T);
+  if (mode == DSV4_PLAN_FULL && k->ratio > 0) { /* every slot is owned by exactly one segment of one rank */
+    DSV4_ALLOC(p->lay.gather, p->docs.n_cmp + 1);
+    for (int q = 0; q < N; q++) dsv4_layout_set_gather(q == me ? &p->lay : &lays[q], q, p->lay.gather);
+  }
+  p->n = p->lay.n;
+  p->panel = dsv4_panel_rows(k->T);
+  int64_t rope_cap = 0;
+  if (mode == DSV4_PLAN_LOCAL) {
+    local_sizes(p, &rope_cap);
+    p->n_slot = p->lay.n_own;
+  } else {
+    DSV4_TRY(token_map(p));
+    DSV4_TRY(query_ranges(p));
+    DSV4_TRY(slot_table(p));
+    DSV4_TRY(chunks(p));
+    DSV4_TRY(rope_table(p, cfg));
+    rope_cap = p->rope.cap;
+  }
+  const size_t n = (size_t)p->n;
+  p->bytes = n * (sizeof(int64_t) + 2 * sizeof(int32_t) + 1) + 2 * n * sizeof(int32_t) +
+             (k->ratio > 0 ? 2 * n * sizeof(int32_t) + sizeof(int32_t) * (size_t)p->docs.n_cmp : 0) +
+             4 * sizeof(int32_t) * (size_t)p->n_slot + sizeof(int64_t) * (size_t)(p->n_chunk + 1) +
+             sizeof(float) * (size_t)(rope_cap * cfg->rope_dim);
+  for (int h = 0; h < DSV4_HALO_KINDS; h++) p->bytes += halo_bytes(&p->halo[h]);
+fail:
+  if (lays)
+    for (int q = 0; q < N; q++) dsv4_layout_free(&lays[q]);
+  free(lays);
+  free(segs);
+  if (rc != DSV4_OK) dsv4_plan_free(p);
+  return rc;
+}

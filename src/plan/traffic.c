@@ -1,0 +1,117 @@
+/* traffic.c: what one layer forward + backward under CP costs each rank in messages, computed on
+ * the host from every rank's layout and the halo arithmetic (plan/halo.c), i.e. the formulas of
+ * docs/cp.md evaluated for the actual packing: bytes and messages per message kind, exactly what
+ * the exchange (cp/exchange.c) counts. The benchmark checks measured == planned. */
+#include <string.h>
+
+#include "cp/exchange.h"
+#include "plan.h"
+#include "util/err.h"
+
+/* Everything planned; the layouts of all ranks are built once. */
+typedef struct {
+  dsv4_docs docs;
+  dsv4_layout *lays;
+  int size;
+} plan_ctx;
+
+static void plan_free(plan_ctx *p) {
+  if (p->lays)
+    for (int q = 0; q < p->size; q++) dsv4_layout_free(&p->lays[q]);
+  free(p->lays);
+  dsv4_docs_free(&p->docs);
+}
+
+static dsv4_status plan_make(plan_ctx *p, const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                             const dsv4_cp_config *cp, int size) {
+  dsv4_status rc = DSV4_OK;
+  memset(p, 0, sizeof *p);
+  p->size = size;
+  const int r = dsv4_config_ratio(cfg, layer);
+  DSV4_CHECK(r >= 0, DSV4_ERR_ARG, "plan: layer %d out of range", layer);
+  DSV4_TRY(dsv4_docs_build(&p->docs, pk, r));
+  DSV4_TRY(dsv4_layouts_all(&p->docs, pk, cp ? cp->split : DSV4_SPLIT_CONTIGUOUS, size, cfg->window, &p->lays));
+fail:
+  return rc;
+}
+
+/* One halo kind's rows (row_bytes each) into the forward kind and, mirrored, the backward kind. */
+static dsv4_status add_halo(const plan_ctx *p, dsv4_halo_kind kind, uint64_t row_bytes, int copies, dsv4_msg_kind fwd,
+                            dsv4_msg_kind bwd, dsv4_cp_stats *out) {
+  dsv4_status rc = DSV4_OK;
+  const int N = p->size;
+  uint64_t *v = NULL;
+  DSV4_ALLOC(v, 4 * (size_t)N);
+  uint64_t *sent = v, *recv = v + N, *ms = v + 2 * N, *mr = v + 3 * N;
+  DSV4_TRY(dsv4_halo_counts(p->lays, N, kind, sent, recv, ms, mr));
+  for (int q = 0; q < N; q++) {
+    dsv4_cp_stats *s = &out[q];
+    s->bytes_sent[fwd] += (uint64_t)copies * sent[q] * row_bytes, s->bytes_recv[fwd] += (uint64_t)copies * recv[q] * row_bytes;
+    s->bytes_sent[bwd] += (uint64_t)copies * recv[q] * row_bytes, s->bytes_recv[bwd] += (uint64_t)copies * sent[q] * row_bytes;
+    s->messages[fwd] += (uint64_t)copies * ms[q], s->messages[bwd] += (uint64_t)copies * mr[q];
+  }
+fail:
+  free(v);
+  return rc;
+}
+
+dsv4_status dsv4_cp_plan_traffic_all(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                     const dsv4_cp_config *cp, int size, dsv4_cp_stats *out) {
+  dsv4_status rc = DSV4_OK;
+  plan_ctx p = {0};
+  DSV4_CHECK(cfg && pk && out && size >= 1, DSV4_ERR_ARG, "plan: bad arguments");
+  memset(out, 0, sizeof(dsv4_cp_stats) * (size_t)size);
+  if (size == 1) return DSV4_OK; /* one rank sends nothing */
+  DSV4_TRY(plan_make(&p, cfg, layer, pk, cp, size));
+  const int r = p.docs.ratio;
+  const uint64_t N1 = (uint64_t)(size - 1), f = sizeof(float), D = (uint64_t)cfg->head_dim;
+  const uint64_t Di = (uint64_t)cfg->index_head_dim, c = r == 4 ? 2 : 1;
+  DSV4_TRY(add_halo(&p, DSV4_HALO_WINDOW, D * f, 1, DSV4_MSG_WINDOW_HALO, DSV4_MSG_WINDOW_HALO_BWD, out));
+  if (r > 0) { /* per compressor (dim D, and Di for r == 4): C and Z rows, half or all of c * dim */
+    DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_HALF, 2 * (c * D / 2) * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+                      DSV4_MSG_COMPRESSOR_HALO_BWD, out));
+    DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_FULL, 2 * c * D * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+                      DSV4_MSG_COMPRESSOR_HALO_BWD, out));
+    if (r == 4) {
+      DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_HALF, 2 * Di * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+                        DSV4_MSG_COMPRESSOR_HALO_BWD, out));
+      DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_FULL, 2 * 2 * Di * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+                        DSV4_MSG_COMPRESSOR_HALO_BWD, out));
+    }
+  }
+  /* the agreement check, once per forward: an all-reduce of DSV4_AGREE_VALUES int64 values counted
+   * as the ring volume 2 (N-1)/N */
+  const uint64_t meta = 2 * DSV4_AGREE_VALUES * sizeof(int64_t) * N1 / (uint64_t)size;
+  for (int q = 0; q < size; q++) {
+    dsv4_cp_stats *s = &out[q];
+    s->bytes_sent[DSV4_MSG_META_CHECK] = s->bytes_recv[DSV4_MSG_META_CHECK] = meta;
+    s->messages[DSV4_MSG_META_CHECK] = 1;
+    if (r > 0) { /* all-gather of the slot buffers; the backward's reduce-scatter mirrors it */
+      const uint64_t blk = (uint64_t)p.lays[q].n_blk, dims = D + (r == 4 ? Di : 0);
+      const uint64_t ag = N1 * blk * dims * f;
+      s->bytes_sent[DSV4_MSG_SLOT_ALLGATHER] = s->bytes_recv[DSV4_MSG_SLOT_ALLGATHER] = ag;
+      s->bytes_sent[DSV4_MSG_SLOT_REDUCE_SCATTER] = s->bytes_recv[DSV4_MSG_SLOT_REDUCE_SCATTER] = ag;
+      s->messages[DSV4_MSG_SLOT_ALLGATHER] = s->messages[DSV4_MSG_SLOT_REDUCE_SCATTER] = r == 4 ? 2 : 1;
+    }
+    if (r == 4) { /* one (exact sum, count) record per rank, all-gathered */
+      s->bytes_sent[DSV4_MSG_LOSS_REDUCE] = s->bytes_recv[DSV4_MSG_LOSS_REDUCE] = N1 * sizeof(dsv4_loss_rec);
+      s->messages[DSV4_MSG_LOSS_REDUCE] = 1;
+    }
+  }
+fail:
+  plan_free(&p);
+  return rc;
+}
+
+dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                 const dsv4_cp_config *cp, int rank, int size, dsv4_cp_stats *out) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_cp_stats *all = NULL;
+  DSV4_CHECK(cfg && pk && out && size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "plan: bad arguments");
+  DSV4_ALLOC(all, size);
+  DSV4_TRY(dsv4_cp_plan_traffic_all(cfg, layer, pk, cp, size, all));
+  *out = all[rank];
+fail:
+  free(all);
+  return rc;
+}
