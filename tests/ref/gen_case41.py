@@ -143,6 +143,12 @@ def hf_text_config(a):
     return c
 
 
+def default_text_config(*argv):
+    """The flat text keys gen_case41 writes for these arguments (default: tiny41), e.g. for
+    tests/ckptlib41.py's released-layout checkpoint."""
+    return hf_text_config(parse_args(["--out", "-", "--docs", "1", *argv]))
+
+
 def modelargs_config(a):
     """The same model under the field names of DeepSeek's inference ModelArgs."""
     ratios = int_list(a.ratios)
