@@ -325,8 +325,8 @@ def compress_latent(cfg, W, x, ratio):
     if ratio == 1:
         return rmsnorm(x @ W["attn.compressor.wkv.weight"].T, norm, cfg.eps)
     rows = x[: n_c * ratio]
-    C = (rows @ W["attn.compressor.wkv.weight"].T).view(n_c, ratio, -1)
-    Z = (rows @ W["attn.compressor.wgate.weight"].T).view(n_c, ratio, -1)
+    C = (rows @ W["attn.compressor.wkv.weight"].T).view(n_c, ratio, cfg.head_dim)
+    Z = (rows @ W["attn.compressor.wgate.weight"].T).view(n_c, ratio, cfg.head_dim)
     pooled = (torch.softmax(Z, dim=1) * C).sum(dim=1)
     return rmsnorm(pooled, norm, cfg.eps)
 
@@ -348,7 +348,7 @@ def index_scores(cfg, W, x, qr, keys, pos, freqs):
     qI = RoPE_p(indexer.wq_b qr) viewed [Hi, Di], w = weights_proj x * Di^-0.5 * Hi^-0.5.
     x and qr come in detached. Visibility is applied by the caller (masks)."""
     Hi, Di = cfg.index_n_heads, cfg.index_head_dim
-    qI = rope((qr @ W["attn.indexer.wq_b.weight"].T).view(-1, Hi, Di), pos.unsqueeze(-1), freqs)
+    qI = rope((qr @ W["attn.indexer.wq_b.weight"].T).view(qr.shape[0], Hi, Di), pos.unsqueeze(-1), freqs)
     w = (x @ W["attn.indexer.weights_proj.weight"].T) * (Di ** -0.5) * (Hi ** -0.5)
     dots = torch.einsum("thd,jd->thj", qI, keys)
     return (w.unsqueeze(-1) * torch.relu(dots)).sum(dim=1)
@@ -383,9 +383,10 @@ def candidate_blocks(scores, n_visible, topk_blocks, block_size):
     entries [b bs, (b+1) bs); block score = max over the block; the block of the newest visible
     entry, (n_visible - 1) // bs, is pinned to +inf (none without a visible entry); the topk_blocks
     best blocks with a score > -inf are kept, ties to the smaller block. Returns the kept-entry
-    mask [n, n_c] (bool numpy) and the kept block ids per row (sorted by (score desc, id asc)).
+    mask [n, n_c] (bool numpy: the visible entries of kept blocks) and the kept block ids per row
+    (sorted by (score desc, id asc)).
     Example (bs 2, keep 2): entry scores [5, 1 | 3, 3 | 0, -inf] (query sees 5 entries): block
-    scores [5, 3, 0], newest block 2 pinned -> [5, 3, +inf] -> keep blocks [2, 0] = entries 0,1,4,5."""
+    scores [5, 3, 0], newest block 2 pinned -> [5, 3, +inf] -> keep blocks [2, 0] = entries 0, 1, 4."""
     n, n_c = scores.shape
     n_blocks = -(-n_c // block_size)
     padded = np.full((n, n_blocks * block_size), -np.inf)
@@ -398,8 +399,8 @@ def candidate_blocks(scores, n_visible, topk_blocks, block_size):
         ids = [int(b) for b in order[:topk_blocks] if block[t, b] > -np.inf]
         kept[t, ids] = True
         kept_ids.append(ids)
-    entries = np.repeat(kept, block_size, axis=1)[:, :n_c]
-    return entries, kept_ids
+    visible = np.arange(n_c)[None, :] < np.asarray(n_visible)[:, None]
+    return np.repeat(kept, block_size, axis=1)[:, :n_c] & visible, kept_ids
 
 
 def select_entries(scores, k):
