@@ -456,53 +456,65 @@ class LayerResult:
 # One layer on one document, then on the packed stream
 # ----------------------------------------------------------------------------------------------
 
-def doc_forward(cfg, role, W, x, i, state, freqs, n_docs):
-    """SPEC 10 steps 1-8 for document i's real rows x [n, d] of layer role.layer. Publishes into
-    state (kv source: cmp/KI; index source: selection; candidate source: candidates). Returns
-    (out [n, d], dict of index-source results or None)."""
-    n, r, L = x.shape[0], role.ratio, role.layer
-    pos = torch.arange(n, dtype=DTYPE)
-    scale = cfg.head_dim ** -0.5
-    qr, q = queries(cfg, W, x, pos, freqs)                                 # 1
-    kv = window_kv(cfg, W, x, pos, freqs)                                  # 2
-    win = window_mask(n, cfg.window)
-    if r == spec.SWA:
-        o = attend(q, kv, win, W["attn.attn_sink"], scale)
-        return project_out(rope(o, -pos.unsqueeze(-1), freqs), W["attn.wo_a.weight"],
-                           W["attn.wo_b.weight"], cfg.o_groups), None
-    if role.is_kv_source:                                                  # 3, 4 (keys)
-        latent = compress_latent(cfg, W, x, r)
-        src = state.kv.setdefault(L, KVSource(L, [None] * n_docs, [None] * n_docs, None))
-        src.cmp[i] = rope(latent, entry_positions(latent.shape[0], r), freqs)
-        src.keys[i] = index_keys(cfg, W, latent.detach(), r, freqs)
-    src = state.kv[role.kv_source]
+def publish_kv(cfg, role, W, x, i, state, freqs, n_docs):
+    """Steps 3-4 at a kv source: cmp[j] = RoPE_{j r}(latent[j]) and KI from the detached latent,
+    published for every consumer of document i."""
+    r = role.ratio
+    latent = compress_latent(cfg, W, x, r)
+    src = state.kv.setdefault(role.layer, KVSource(role.layer, [None] * n_docs, [None] * n_docs, None))
+    src.cmp[i] = rope(latent, entry_positions(latent.shape[0], r), freqs)
+    src.keys[i] = index_keys(cfg, W, latent.detach(), r, freqs)
+
+
+def select_and_publish(cfg, role, W, x, qr, q, src, i, state, freqs, n_docs):
+    """Steps 4-6 and 8 at an index source, for document i: scores I (from detached x, qr), the
+    candidate blocks (candidate source), the candidate mask (index sources after it), the selection
+    (published), and the KL loss against this layer's own detached attention over cmp at it.
+    Returns (attended-entry mask [n, n_c], dict of results for the outputs)."""
     cmp = src.cmp[i]
-    visible, n_visible = visibility(n, cmp.shape[0], r)
+    visible, n_visible = visibility(x.shape[0], cmp.shape[0], role.ratio)
+    scores = index_scores(cfg, W, x.detach(), qr.detach(), src.keys[i], torch.arange(x.shape[0], dtype=DTYPE), freqs)
+    allowed = masked_scores(scores, visible)
+    masked = None
+    if role.is_candidate_source:
+        kept, kept_ids = candidate_blocks(allowed, n_visible.numpy(), cfg.candidate_topk_blocks,
+                                          cfg.candidate_block_size)
+        if state.candidates is None:
+            state.candidates, state.candidate_blocks = [None] * n_docs, [None] * n_docs
+        state.candidates[i], state.candidate_blocks[i] = kept, kept_ids
+    if role.uses_candidates:
+        masked = np.where(state.candidates[i], allowed, -np.inf)
+    selected = select_entries(allowed if masked is None else masked, cfg.index_topk)
+    state.selections.setdefault(role.layer, [None] * n_docs)[i] = selected
+    attended = selection_mask(selected, cmp.shape[0])
+    entries = attended if cfg.index_loss_mode == "sparse" else visible
+    # student: the raw I (before the candidate mask); teacher: q and cmp detached
+    kl, n_valid = kl_sum(q.detach(), cmp.detach(), scores, entries, cfg.head_dim ** -0.5)
+    return attended, dict(selected=selected, scores=allowed, masked=masked, kl=kl, n_valid=n_valid)
+
+
+def doc_forward(cfg, role, W, x, i, state, freqs, n_docs):
+    """SPEC 10 steps 1-9 of layer role.layer for document i's real rows x [n, d] (positions
+    document-local). Returns (out [n, d], dict of index-source results or None)."""
+    n = x.shape[0]
+    pos = torch.arange(n, dtype=DTYPE)
+    qr, q = queries(cfg, W, x, pos, freqs)                                 # 1
+    keys = window_kv(cfg, W, x, pos, freqs)                                # 2
+    mask = window_mask(n, cfg.window)
     extra = None
-    if role.is_index_source:                                               # 4 (scores), 5, 6
-        scores = index_scores(cfg, W, x.detach(), qr.detach(), src.keys[i], pos, freqs)
-        allowed = masked_scores(scores, visible)
-        masked = None
-        if role.is_candidate_source:
-            kept, kept_ids = candidate_blocks(allowed, n_visible.numpy(), cfg.candidate_topk_blocks,
-                                              cfg.candidate_block_size)
-            if state.candidates is None:
-                state.candidates, state.candidate_blocks = [None] * n_docs, [None] * n_docs
-            state.candidates[i], state.candidate_blocks[i] = kept, kept_ids
-        if role.uses_candidates:
-            masked = np.where(state.candidates[i], allowed, -np.inf)
-        selected = select_entries(allowed if masked is None else masked, cfg.index_topk)
-        state.selections.setdefault(L, [None] * n_docs)[i] = selected
-        attended = selection_mask(selected, cmp.shape[0])
-        entries = attended if cfg.index_loss_mode == "sparse" else visible
-        kl, n_valid = kl_sum(q.detach(), cmp.detach(), scores, entries, scale)   # 8 (teacher detached)
-        extra = dict(selected=selected, scores=allowed, masked=masked, kl=kl, n_valid=n_valid)
-    else:
-        attended = selection_mask(state.selections[role.index_source][i], cmp.shape[0])
-    keys = torch.cat([kv, cmp], dim=0)                                     # 7
-    o = attend(q, keys, torch.cat([win, attended], dim=1), W["attn.attn_sink"], scale)
-    o = rope(o, -pos.unsqueeze(-1), freqs)
-    return project_out(o, W["attn.wo_a.weight"], W["attn.wo_b.weight"], cfg.o_groups), extra
+    if role.ratio != spec.SWA:
+        if role.is_kv_source:                                              # 3, 4 (keys)
+            publish_kv(cfg, role, W, x, i, state, freqs, n_docs)
+        src = state.kv[role.kv_source]
+        if role.is_index_source:                                           # 4 (scores), 5, 6, 8
+            attended, extra = select_and_publish(cfg, role, W, x, qr, q, src, i, state, freqs, n_docs)
+        else:                                                              # Reuse: the index source's
+            attended = selection_mask(state.selections[role.index_source][i], src.cmp[i].shape[0])
+        keys = torch.cat([keys, src.cmp[i]], dim=0)                        # 7: window, then cmp at sel
+        mask = torch.cat([mask, attended], dim=1)
+    o = attend(q, keys, mask, W["attn.attn_sink"], cfg.head_dim ** -0.5)   # 7: sink, scale
+    o = rope(o, -pos.unsqueeze(-1), freqs)                                 # 8: inverse RoPE
+    return project_out(o, W["attn.wo_a.weight"], W["attn.wo_b.weight"], cfg.o_groups), extra   # 9
 
 
 def layer_forward(cfg, role, W, x, docs, state):
