@@ -27,9 +27,9 @@ import sys
 
 import numpy as np
 
-import ckptlib as K
+sys.dont_write_bytecode = True   # before the imports below: no __pycache__ in tests/
+import ckptlib as K  # noqa: E402
 
-sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "ref"))
 import gen_case41  # noqa: E402

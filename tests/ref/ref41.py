@@ -37,9 +37,11 @@ The code follows SPEC 10 step by step, one small function per step, one document
 position, window, compressed entry and block is document-local), vectorised inside a document with
 explicit masks. Written to be read, not to be fast.
 
-Checked against DeepSeek's V4.1 forward: a vendored copy of deepseek-ai/DeepSeek-V4.1-Flash
-`inference/model.py` (revision dba1be0a40aa45a94ad051997016db3960a90277, MIT), read through the
-code index; fake quantisation (act_quant, fp4_act_quant, the FP8 kv quantisation) taken as identity:
+Checked against DeepSeek's V4.1 forward: a vendored, byte-identical copy of
+deepseek-ai/DeepSeek-V4.1-Flash `inference/model.py` (revision
+dba1be0a40aa45a94ad051997016db3960a90277, MIT; its header says so), read through the code search
+index (file id 70871433627; the index did not name the repository holding the copy). Fake
+quantisation (act_quant, fp4_act_quant, the FP8 kv quantisation) taken as identity:
   * Attention.__init__: queries `wq_b(q_norm(wq_a x))`, viewed [H, D], with NO per-head norm;
     RoPE on the last rope_head_dim dims; window kv `kv_norm(wkv x)` then RoPE; roles from
     `is_kv_source` / `is_index_source` (layer < n_layers and listed); freqs: compress_rope_theta and
@@ -64,9 +66,12 @@ code index; fake quantisation (act_quant, fp4_act_quant, the FP8 kv quantisation
     blocks with -inf; then topk(min(index_topk, compress_len)).
   * select_candidate_blocks: block score = max over the block (the last block padded with -inf);
     the block (compress_len - 1) // block_size pinned to +inf; topk(min(topk_blocks, n_blocks));
-    blocks that came back -inf dropped; mask expanded back to entries.
+    blocks that came back -inf dropped; mask expanded back to entries (it also covers the invisible
+    tail of the pinned block; those entries are -inf anyway: here the mask holds visible entries only).
   * Attention._compress_topk_idxs: a non-index-source layer reuses `shared_attn.topk_idxs`, the
     selection of the last index source that ran (the largest index source <= L).
+  * Indexer.forward also sorts the kept ids by position before returning them; the order does not
+    change the attention (SPEC fixes the stored order: score desc, id asc).
   * Attention.forward: sparse_attn over [window kv, compressed kv at the selection] with the sink and
     softmax_scale = D^-0.5, inverse RoPE of the output at the query position, then the grouped
     `wo_a` (einsum per group) and `wo_b`.
