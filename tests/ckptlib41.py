@@ -107,7 +107,8 @@ def add_unrelated(ck, rng, layer, shard, dim):
     """Tensors of layer `layer` outside the attention, in the release's dtypes."""
     p = f"layers.{layer}."
     ck.add(shard, p + "attn_norm.weight", "BF16", [dim], K.bf16_bits(np.ones(dim))[0].tobytes())
-    ck.add(shard, p + "ffn.experts.0.w1.weight", "I8", [16, dim // 2], rng.integers(0, 256, 8 * dim, dtype=np.uint8).tobytes())
+    packed = rng.integers(0, 256, 8 * dim, dtype=np.uint8)                 # two FP4 values per byte
+    ck.add(shard, p + "ffn.experts.0.w1.weight", "I8", [16, dim // 2], packed.tobytes())
     scale = np.full((16, dim // EXPERT_GROUP or 1), 127, dtype=np.uint8)
     scale[0, 0] = K.E8M0_NAN                                   # never read: no error
     ck.add(shard, p + "ffn.experts.0.w1.scale", "F8_E8M0", scale.shape, scale.tobytes())
