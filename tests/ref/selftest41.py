@@ -730,14 +730,15 @@ def leaf(c, name):
 
 
 def check_gradcheck():
-    """gradcheck (float64, every element) on two tiny ranges. Main path with the loss off (coeff 0:
+    """gradcheck (float64, every element) on two tiny ranges: x of the kv source reaches every layer
+    through the shared cmp (r = 2 pooling; r = 1 with candidates); wgate and the rest are covered by
+    check_finite_differences. Main path with the loss off (coeff 0:
     the detached teacher and indexer make the loss's true derivative in x / main weights differ from
     the contract's gradient, on purpose); indexer tensors with the loss on (coeff 1)."""
     ranges = [
         (f"--layers 0-2 --seed 501 {TINY} --ratios 2,2,2 --kv-sources 0 --index-sources 0,2 "
          "--candidate-source none --docs 4,3:2",
-         [("x", 0), (0, "attn.compressor.wgate.weight"), (0, "attn.compressor.norm.weight"),
-          (1, "attn.attn_sink"), (2, "attn.q_norm.weight")],
+         [("x", 0), (0, "attn.compressor.norm.weight"), (1, "attn.attn_sink"), (2, "attn.q_norm.weight")],
          [(0, "attn.indexer.wk.weight"), (0, "attn.indexer.k_norm.weight"), (2, "attn.indexer.weights_proj.weight")]),
         (f"--layers 0-2 --seed 502 {TINY} --ratios 1,1,1 --kv-sources 0 --index-sources 0,2 "
          "--candidate-source 0 --candidate-topk-blocks 1 --candidate-block-size 2 --docs 5,3:2",
