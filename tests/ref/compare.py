@@ -20,6 +20,11 @@ Rules (SPEC 8):
   Rows whose ids differ at near-ties are excluded from the `out` comparison (out[t] depends only on
   query t's own selection) and listed; dx, weight gradients and the loss cannot be split by row, so a
   failure there is flagged as possibly caused by the tie.
+* Layer ranges (ref41.py, SPEC 10): every name above may carry a layer suffix (out.3, topk_ids.3,
+  dx.3, ...) and each layer is judged on its own. topk_ids.{L} near-ties are judged with
+  index_scores_masked.{L} when EXP has it (the scores after the candidate mask: an id outside the
+  kept blocks is never a near-tie), else index_scores.{L}; rows with accepted near-ties are left out
+  of out.{U} for every layer U that attends with L's selection (EXP metadata selection_users).
 * --exact: every tensor must be bitwise identical with the same dtype (e.g. CP = N vs CP = 1).
 Prints one line per tensor and a summary; exits 1 on any failure.
 """
@@ -34,6 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import st  # noqa: E402
 
 GRAD_NAMES = ("dx",)
+# outputs that a layer range (ref41.py, SPEC 10) writes once per layer as NAME.{L}
+LAYER_SUFFIXED = ("out", "topk_ids", "topk_scores", "index_scores", "index_scores_masked", "indexer_loss", "dx")
 GRAD_PREFIX = "grad."
 NO_ID = -1
 
@@ -53,7 +60,7 @@ class Report:
 
 
 def is_grad(name):
-    return name in GRAD_NAMES or name.startswith(GRAD_PREFIX)
+    return split_layer(name)[0] in GRAD_NAMES or name.startswith(GRAD_PREFIX)
 
 
 def compare_float(a, b, tol, skip_rows=None):
@@ -148,25 +155,63 @@ def compare_exact(rep, got, got_dt, exp, exp_dt):
             rep.line(False, name, "in --got but not in --expected")
 
 
+def split_layer(name):
+    """'out.3' -> ('out', '.3'); V4 names and grad.* names -> (name, '')."""
+    base, dot, tail = name.rpartition(".")
+    if dot and tail.isdigit() and base in LAYER_SUFFIXED:
+        return base, "." + tail
+    return name, ""
+
+
+def selection_users(meta):
+    """{'.I': ['.L', ...]} from ref41.py's metadata 'I:L L;...' (which layers attend with index
+    source I's selection); empty for V4 (then topk_ids only ever affects out)."""
+    users = {}
+    for item in filter(None, meta.get("selection_users", "").split(";")):
+        src, _, layers = item.partition(":")
+        users["." + src] = ["." + L for L in layers.split()]
+    return users
+
+
+def check_topk(rep, got, exp, suffix, a):
+    """Compares topk_ids<suffix>; returns the rows that differ at accepted near-ties, or None.
+    Near-ties are judged with the scores the selection was made from: index_scores_masked<suffix>
+    (after the candidate mask) when the reference wrote it, else index_scores<suffix>."""
+    name = "topk_ids" + suffix
+    g, e = got[name], exp[name]
+    if g.shape != e.shape:
+        rep.line(False, name, f"shape {list(g.shape)} vs {list(e.shape)}")
+        return None
+    if not np.issubdtype(g.dtype, np.integer):
+        rep.line(False, name, f"dtype {g.dtype} is not an integer type")
+        return None
+    scores = exp.get("index_scores_masked" + suffix, exp.get("index_scores" + suffix))
+    ok, text, tie_rows = compare_topk(g, e, exp.get("topk_scores" + suffix), scores, a.tie_rtol,
+                                      not a.loose_zero_ties)
+    rep.line(ok, name, text)
+    if not (ok and tie_rows.any()):
+        return None
+    rep.note(f"{name}: rows {np.nonzero(tie_rows)[0].tolist()[:20]} select different near-tied entries: "
+             "they are left out of the out comparison of every layer using this selection; dx, grads "
+             "and the loss include them")
+    return tie_rows
+
+
 def compare_to_reference(rep, got, exp, meta, a):
     reference_only = {n for n in meta.get("reference_only", "").split(",") if n}
-    tie_rows = None
-    if "topk_ids" in exp and "topk_ids" in got:
-        if got["topk_ids"].shape != exp["topk_ids"].shape:
-            rep.line(False, "topk_ids", f"shape {list(got['topk_ids'].shape)} vs {list(exp['topk_ids'].shape)}")
-        elif not np.issubdtype(got["topk_ids"].dtype, np.integer):
-            rep.line(False, "topk_ids", f"dtype {got['topk_ids'].dtype} is not an integer type")
-        else:
-            ok, text, tie_rows = compare_topk(got["topk_ids"], exp["topk_ids"], exp.get("topk_scores"),
-                                              exp.get("index_scores"), a.tie_rtol, not a.loose_zero_ties)
-            rep.line(ok, "topk_ids", text)
-            if ok and tie_rows.any():
-                rep.note(f"rows {np.nonzero(tie_rows)[0].tolist()[:20]} select different near-tied slots: "
-                         "they are left out of the out comparison; dx, grads and the loss include them")
-            else:
-                tie_rows = None
+    users = selection_users(meta)
+    skip = {}          # out name -> token rows to leave out (near-ties of the selection it used)
+    for name in exp:
+        base, suffix = split_layer(name)
+        if base == "topk_ids" and name in got:
+            tie_rows = check_topk(rep, got, exp, suffix, a)
+            if tie_rows is not None:
+                for user in users.get(suffix, [suffix]):
+                    prev = skip.get("out" + user)
+                    skip["out" + user] = tie_rows if prev is None else (prev | tie_rows)
     for name, b in exp.items():
-        if name == "topk_ids":
+        base, _ = split_layer(name)
+        if base == "topk_ids":
             if name not in got:
                 rep.line(False, name, "missing from --got")
             continue
@@ -182,9 +227,9 @@ def compare_to_reference(rep, got, exp, meta, a):
             ok = np.array_equal(a_, b)
             rep.line(ok, name, "equal" if ok else "integer tensors differ")
             continue
-        skip = tie_rows if (name == "out" and tie_rows is not None) else None
-        ok, text = compare_float(a_, b, a.tol_grad if is_grad(name) else a.tol_out, skip)
-        if not ok and tie_rows is not None:
+        rows = skip.get(name)
+        ok, text = compare_float(a_, b, a.tol_grad if is_grad(name) else a.tol_out, rows)
+        if not ok and skip:
             text += "  (top-k near-tie differences may explain this)"
         rep.line(ok, name, text)
     for name in got:

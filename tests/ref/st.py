@@ -7,6 +7,11 @@ area starts at a multiple of 8 bytes.
 
 Dtypes: F64, F32, F16, BF16, I64, I32. BF16 is read exactly (uint16 << 16 viewed as float32) and
 written from float32 with round-to-nearest-even. Everything is little-endian.
+
+read_header / read_selected serve checkpoints (ref41.py): they read only the named tensors of a
+file (seek + read: a shard may be large or sparse), and also hand back one-byte dtypes (F8_E4M3,
+F8_E8M0, I8, U8) as raw uint8 codes for the caller to decode; tensors not asked for are never
+decoded, whatever their dtype.
 """
 import json
 import struct
@@ -78,6 +83,52 @@ def read_full(path):
         tensors[name] = bf16_bits_to_f32(arr) if dt == "BF16" else arr
         dtypes[name] = dt
     return tensors, dtypes, metadata
+
+
+_RAW_BYTES = ("F8_E4M3", "F8_E8M0", "I8", "U8", "BOOL")   # read_selected: raw one-byte codes
+
+
+def read_header(path):
+    """Returns ({name: {"dtype", "shape", "data_offsets"}}, metadata, byte offset of the data area)."""
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path}: file too short for a safetensors header")
+        (header_len,) = struct.unpack("<Q", head)
+        text = fh.read(header_len)
+        if len(text) != header_len:
+            raise ValueError(f"{path}: header length {header_len} exceeds the file size")
+    header = json.loads(text.decode("utf-8"))
+    metadata = header.pop(METADATA_KEY, {}) or {}
+    return header, metadata, 8 + header_len
+
+
+def read_selected(path, names):
+    """Returns {name: (dtype name, numpy array)} for the listed names present in the file: float and
+    integer dtypes as read_full gives them, one-byte dtypes as uint8 codes. Absent names are left out."""
+    header, _, data_start = read_header(path)
+    out = {}
+    with open(path, "rb") as fh:
+        for name in names:
+            if name not in header:
+                continue
+            info = header[name]
+            dt = info["dtype"]
+            stored = _STORED.get(dt, np.dtype("u1") if dt in _RAW_BYTES else None)
+            if stored is None:
+                raise ValueError(f"{path}: tensor {name}: unsupported dtype {dt}")
+            shape = [int(s) for s in info["shape"]]
+            begin, end = (int(v) for v in info["data_offsets"])
+            numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            if not 0 <= begin <= end or end - begin != numel * stored.itemsize:
+                raise ValueError(f"{path}: tensor {name}: bad data_offsets {begin},{end} for {dt}{shape}")
+            fh.seek(data_start + begin)
+            blob = fh.read(end - begin)
+            if len(blob) != end - begin:
+                raise ValueError(f"{path}: tensor {name}: data runs past the end of the file")
+            arr = np.frombuffer(blob, dtype=stored).reshape(shape).copy()
+            out[name] = (dt, bf16_bits_to_f32(arr) if dt == "BF16" else arr)
+    return out
 
 
 def read(path):
