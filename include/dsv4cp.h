@@ -1,5 +1,7 @@
 /* dsv4cp.h: DeepSeek V4 hybrid attention (sliding window, CSA, HCA), forward and backward, with
- * two-stage context parallelism. The one public header of libdsv4cp.
+ * two-stage context parallelism: the layer API of libdsv4cp. Beside it: dsv4cp_mpi.h (the MPI
+ * communicator), dsv4cp_ops.h (the three operators on their own, their naive references and
+ * layouts) and dsv4cp_io.h (safetensors files, checkpoints, seeded random inputs).
  *
  * Conventions
  *  - Every exported symbol starts with dsv4_, every macro and enum value with DSV4_.
@@ -11,6 +13,18 @@
  *    heads/dim, C compressed slots, k = index_topk, r = compress ratio of the layer (0, 4, 128).
  *  - "overwritten" outputs are fully written; "accumulated" outputs are added into (zero them first).
  *  - Pointers marked "may be NULL" are optional.
+ *  - Structs a caller fills or receives begin with struct_size and struct_version (NCCL's idea):
+ *    initialise them with their DSV4_..._INIT macro (e.g. `dsv4_packing pk = DSV4_PACKING_INIT;`,
+ *    then set fields). The library reads only the first struct_size bytes of an input (fields a
+ *    caller's older header lacks take their defaults) and writes only the first struct_size bytes
+ *    of an output, so structs can grow without breaking callers or bindings. A struct_size of 0 is
+ *    refused (DSV4_ERR_ARG: the struct was not initialised).
+ *  - Threads: every object runs its parallel regions with its own thread count (dsv4_*_set_threads;
+ *    0: the calling thread's OpenMP default); the library never changes process-wide OpenMP or BLAS
+ *    settings.
+ *  - "Collective" functions must be called by every rank of the object's communicator, in the same
+ *    order (a rank that calls one alone waits forever for the others). On one rank nothing is
+ *    collective.
  */
 #ifndef DSV4CP_H
 #define DSV4CP_H
@@ -38,6 +52,14 @@ extern "C" {
 
 /* "MAJOR.MINOR.PATCH" of the library actually linked (compare with DSV4_VERSION_STRING). */
 DSV4_API const char *dsv4_version(void);
+
+/* Versioned structs (see the conventions above). */
+#define DSV4_STRUCT_VERSION 1u
+#define DSV4_STRUCT_HEAD \
+  uint32_t struct_size;  /* sizeof the struct as the caller compiled it (set by DSV4_..._INIT) */ \
+  uint32_t struct_version /* DSV4_STRUCT_VERSION */
+/* The head of a versioned struct inside a designated initialiser: {DSV4_HEAD(dsv4_packing), .T = 64} */
+#define DSV4_HEAD(type) .struct_size = (uint32_t)sizeof(type), .struct_version = DSV4_STRUCT_VERSION
 
 /* ---------------------------------------------------------------------------------------------
  * Status and errors
@@ -71,6 +93,7 @@ DSV4_API void dsv4_clear_error(void);
 typedef enum { DSV4_KL_SPARSE = 0, DSV4_KL_DENSE = 1 } dsv4_kl_mode;
 
 typedef struct {
+  DSV4_STRUCT_HEAD;
   int dim;              /* hidden_size, d */
   int n_heads;          /* num_attention_heads, H */
   int head_dim;         /* head_dim, D (one shared KV head: K = V) */
@@ -98,9 +121,11 @@ typedef struct {
   int fp8_block[2];     /* quantization_config.weight_block_size: rows x cols of the weight block one
                            FP8 scale covers (128 x 128 in V4); 0 = not given, which means 128 */
 } dsv4_config;
+#define DSV4_CONFIG_INIT {DSV4_HEAD(dsv4_config)}
 
 /* Built-in presets: "flash" (V4-Flash, 43 layers + the MTP layer), "pro" (V4-Pro, 61 + MTP), "tiny"
- * (small dims for tests/demos: layers 0, 1, 2 are SWA, CSA, HCA, no MTP layer). */
+ * (small dims for tests/demos: layers 0, 1, 2 are SWA, CSA, HCA, no MTP layer). The three
+ * functions below write *cfg (its struct_size must be set: DSV4_CONFIG_INIT). */
 DSV4_API dsv4_status dsv4_config_preset(dsv4_config *cfg, const char *name);
 /* Parses a DeepSeek V4 config.json (text or file): the released Hugging Face style keys
  * (hidden_size, rope_scaling, ...) or the ModelArgs names of DeepSeek's inference code (dim,
@@ -124,16 +149,19 @@ DSV4_API int dsv4_config_ratio(const dsv4_config *cfg, int layer);
 typedef struct dsv4_weights dsv4_weights;
 
 typedef struct {
+  DSV4_STRUCT_HEAD;
   const char *name;   /* short name, e.g. "attn.wq_a.weight" */
   int ndim;           /* 1 or 2 */
   int64_t shape[2];
   int64_t numel;
   float *data;
 } dsv4_tensor;
+#define DSV4_TENSOR_INIT {DSV4_HEAD(dsv4_tensor)}
 
 DSV4_API dsv4_status dsv4_weights_create(dsv4_weights **out, const dsv4_config *cfg, int layer);
 DSV4_API void dsv4_weights_free(dsv4_weights *w);
 DSV4_API int dsv4_weights_count(const dsv4_weights *w);
+/* Tensor i (0 <= i < count) into *t (t->struct_size set: DSV4_TENSOR_INIT); data points into w. */
 DSV4_API dsv4_status dsv4_weights_get(const dsv4_weights *w, int i, dsv4_tensor *t);
 /* Tensor by short name ("attn.wq_a.weight") or full name ("layers.2.attn.wq_a.weight", or with the
  * prefix it was loaded under, e.g. "mtp.0.attn.wq_a.weight"); NULL if absent. */
@@ -160,6 +188,7 @@ DSV4_API dsv4_status dsv4_weights_add(dsv4_weights *dst, const dsv4_weights *src
  * Packed sequences (SPEC section 4)
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
+  DSV4_STRUCT_HEAD;
   const int32_t *cu_seqlens;   /* [n_docs + 1] prefix sums of PADDED lengths, cu[0] = 0, cu[n] = T;
                                   may be NULL: one document [0, T) */
   const int32_t *seqlens_real; /* [n_docs] real tokens per document (0 < real <= padded); may be NULL */
@@ -168,171 +197,21 @@ typedef struct {
   int batched;                 /* 1: B equal-length sequences (BSND); under CP each rank then holds
                                   S/N tokens of EVERY sequence instead of a contiguous T/N slice */
 } dsv4_packing;
+#define DSV4_PACKING_INIT {DSV4_HEAD(dsv4_packing)}
 
 /* Which implementation runs: the fast kernels (BLAS, OpenMP) or the naive reference loops. */
 typedef enum { DSV4_IMPL_FAST = 0, DSV4_IMPL_NAIVE = 1 } dsv4_impl;
 
 /* ---------------------------------------------------------------------------------------------
- * The three operators, usable on their own. Each has a fast version and a naive reference (_ref)
- * with the same arguments. Row indices in the argument structs are into the tensors passed, so the
- * same kernels serve one rank and CP shards (where ori_kv carries a left halo and k_idx / cmp_kv are
- * the gathered global compressed sequence).
- * ------------------------------------------------------------------------------------------- */
-
-/* lightning_indexer: I[p, j] = sum_h w[p,h] * ReLU(q_idx[p,h] . k_idx[j]) over the visible rows
- * j in [vis_begin[p], vis_begin[p] + vis_count[p]); returns the min(topk, vis_count[p]) best rows
- * sorted by (score desc, row asc), padded with -1 (scores -INFINITY). */
-typedef struct {
-  int32_t *topk_ids;        /* [S1, topk] out, overwritten */
-  float *topk_scores;       /* [S1, topk] out, overwritten; may be NULL */
-  const float *q_idx;       /* [S1, Hi, Di] indexer queries (after RoPE) */
-  const float *k_idx;       /* [C, Di] compressed indexer keys */
-  const float *weights;     /* [S1, Hi] per-head weights (already scaled by Di^-0.5 * Hi^-0.5) */
-  const int32_t *vis_begin; /* [S1] first visible row of k_idx */
-  const int32_t *vis_count; /* [S1] visible rows; 0 = none (padding tokens, early positions) */
-  int64_t S1, C;
-  int Hi, Di, topk;
-} dsv4_indexer_args;
-
-DSV4_API dsv4_status dsv4_lightning_indexer(const dsv4_indexer_args *a);
-DSV4_API dsv4_status dsv4_lightning_indexer_ref(const dsv4_indexer_args *a);
-
-/* sparse_attn_sharedkv: per query p and head h, keys = the window rows of ori_kv
- * [win_start[p], win_start[p] + win_len[p]) followed by the compressed rows (cmp_ids[p, :] without
- * -1, or the range [cmp_begin[p], cmp_begin[p] + cmp_count[p])); K = V.
- *   z_j = scale * q[p,h] . key_j;  out = sum_j e^{z_j} key_j / (sum_j e^{z_j} + e^{sink[h]})
- *   lse = log(sum_j e^{z_j} + e^{sink[h]}).  A query with win_len 0 (padding) gets out = 0. */
-typedef struct {
-  float *out;               /* [S1, H, D] out, overwritten */
-  float *lse;               /* [S1, H] out, overwritten */
-  const float *q;           /* [S1, H, D] */
-  const float *ori_kv;      /* [R, D] raw kv rows (a left halo, then local rows) */
-  const int32_t *win_start; /* [S1] */
-  const int32_t *win_len;   /* [S1] */
-  const float *cmp_kv;      /* [C, D] compressed kv; may be NULL (r == 0) */
-  const int32_t *cmp_ids;   /* [S1, n_cmp_ids] rows of cmp_kv, -1 = unused; may be NULL */
-  const int32_t *cmp_begin; /* [S1] used when cmp_ids is NULL and cmp_kv is not; may be NULL */
-  const int32_t *cmp_count; /* [S1] */
-  const float *sink;        /* [H] */
-  int64_t S1, R, C;
-  int H, D, n_cmp_ids;
-  float scale;              /* D^-0.5 */
-  float *teacher;           /* [S1, n_cmp_ids] out, may be NULL (fast path, cmp_ids given): the KL
-                               teacher of each selected row, mean over heads of the per-head softmax
-                               of the compressed logits alone (no window, no sink); 0 at -1 ids.
-                               Costs a few exps: the logits are the attention's own. */
-  float *scores_out;        /* [S1, score_stride] out, may be NULL (fast path): each query's scaled
-                               logits as the forward computed them, window keys [H, nw] then
-                               compressed keys [H, nc]; a backward given them (dsv4_attn_bwd_args
-                               .scores) skips recomputing them (bitwise the same results) */
-  int64_t score_stride;     /* floats per query in scores_out / scores (>= H times the keys) */
-} dsv4_attn_args;
-
-/* Backward of sparse_attn_sharedkv. Same keys as the forward. */
-typedef struct {
-  float *dq;                /* [S1, H, D] out, overwritten; may alias dout */
-  float *d_ori_kv;          /* [R, D] accumulated */
-  float *d_cmp_kv;          /* [C, D] accumulated; may be NULL when cmp_kv is NULL */
-  float *d_sink;            /* [H] accumulated */
-  const float *dout;        /* [S1, H, D] */
-  const float *out;         /* [S1, H, D] forward output */
-  const float *lse;         /* [S1, H] forward lse */
-  const float *scores;      /* [S1, fwd.score_stride] the forward's scores_out; may be NULL (fast path:
-                               recomputed from q and the keys, as FlashAttention does) */
-  dsv4_attn_args fwd;       /* the forward's arguments (out/lse fields ignored) */
-} dsv4_attn_bwd_args;
-
-DSV4_API dsv4_status dsv4_sparse_attn(const dsv4_attn_args *a);
-DSV4_API dsv4_status dsv4_sparse_attn_ref(const dsv4_attn_args *a);
-DSV4_API dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *a);
-DSV4_API dsv4_status dsv4_sparse_attn_bwd_ref(const dsv4_attn_bwd_args *a);
-
-/* indexer_kl_loss (SPEC 3, "Indexer KL loss"): for each query with a non-empty set J_p
- * (sparse: the ids in topk_ids[p]; dense: all visible rows):
- *   teacher t_j = mean_h softmax_j(scale * q[p,h] . cmp_kv[j])   (detached, no window, no sink)
- *   student s_j = softmax_j(I[p, j])
- *   loss_sum += sum_j t_j (log t_j - log s_j);  n_valid += 1
- * Gradients (when the pointers are not NULL) are those of grad_scale * loss_sum:
- *   dI_j = grad_scale * (s_j - t_j), pushed through I to q_idx, weights and k_idx. */
-typedef struct {
-  double *loss_sum;         /* [1] out, overwritten (sum of loss_rows in query order) */
-  int64_t *n_valid;         /* [1] out, overwritten */
-  double *loss_rows;        /* [S1] out, overwritten: each query's term (0 when not valid);
-                               may be NULL. Lets callers sum exactly across ranks. */
-  float *d_q_idx;           /* [S1, Hi, Di] overwritten; may be NULL */
-  float *d_weights;         /* [S1, Hi] overwritten; may be NULL */
-  float *d_k_idx;           /* [C, Di] accumulated; may be NULL */
-  const float *q;           /* [S1, H, D] main queries (teacher, detached) */
-  const float *cmp_kv;      /* [C, D] main compressed kv (teacher, detached) */
-  const int32_t *topk_ids;  /* [S1, topk] selected rows (sparse mode) */
-  const float *q_idx;       /* [S1, Hi, Di] */
-  const float *k_idx;       /* [C, Di] */
-  const float *weights;     /* [S1, Hi] */
-  const int32_t *vis_begin; /* [S1] visible rows (dense mode) */
-  const int32_t *vis_count; /* [S1] */
-  int64_t S1, C;
-  int H, D, Hi, Di, topk;
-  int dense;                /* 0: over sel[p]; 1: over all visible rows */
-  float scale;              /* main attention scale, D^-0.5 */
-  float grad_scale;         /* coeff / n_valid_global * dloss */
-  const float *teacher;     /* [S1, topk] sparse mode: the teacher already computed by the attention
-                               (dsv4_attn_args.teacher); may be NULL: computed here from q, cmp_kv */
-  const float *scores;      /* [S1, topk] sparse mode: the indexer's scores of topk_ids
-                               (topk_scores); may be NULL: recomputed here */
-} dsv4_kl_args;
-
-DSV4_API dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a);
-DSV4_API dsv4_status dsv4_indexer_kl_loss_ref(const dsv4_kl_args *a);
-
-/* ---------------------------------------------------------------------------------------------
- * Distributed layouts of the three operators (SPEC 5). Every tensor argument carries a placement
- * on the CP mesh of `nranks` ranks; each operator's infer rule returns the output placements or
- * rejects the layout with DSV4_ERR_LAYOUT and a message naming the argument. With nranks == 1
- * every placement is local and the operators are the plain single-rank ones.
- * ------------------------------------------------------------------------------------------- */
-typedef enum {
-  DSV4_PLACE_REPLICATE = 0, /* every rank holds the whole tensor */
-  DSV4_PLACE_SHARD_SEQ,     /* split along the sequence (the rank's tokens) */
-  DSV4_PLACE_SHARD_HEAD,    /* split along heads or head dim: never accepted */
-  DSV4_PLACE_PARTIAL_SUM,   /* every rank holds a partial sum of the whole tensor */
-  DSV4_PLACE_WINDOW         /* the rank's rows preceded by a prepared left halo of `halo` rows */
-} dsv4_place_kind;
-
-typedef struct {
-  dsv4_place_kind kind;
-  int64_t halo;             /* DSV4_PLACE_WINDOW: halo rows in front of the local rows */
-} dsv4_placement;
-
-DSV4_API const char *dsv4_placement_name(dsv4_placement p); /* "SHARD(seq)", "WINDOW(127)", ... */
-
-/* lightning_indexer: in = {q_idx, k_idx, weights}; out = {topk_ids, topk_scores}. */
-DSV4_API dsv4_status dsv4_lightning_indexer_infer(int nranks, const dsv4_placement in[3], dsv4_placement out[2]);
-/* sparse_attn_sharedkv: in = {q, ori_kv, cmp_kv, cmp_ids, sink} (cmp_* REPLICATE when absent);
- * out = {out, lse}; backward outputs bwd = {dq, d_ori_kv, d_cmp_kv, d_sink}. */
-DSV4_API dsv4_status dsv4_sparse_attn_infer(int nranks, const dsv4_placement in[5], dsv4_placement out[2],
-                                   dsv4_placement bwd[4]);
-/* indexer_kl_loss: in = {q, cmp_kv, topk_ids, q_idx, k_idx, weights};
- * out = {loss, d_q_idx, d_weights, d_k_idx}. */
-DSV4_API dsv4_status dsv4_indexer_kl_loss_infer(int nranks, const dsv4_placement in[6], dsv4_placement out[4]);
-
-/* The operators behind their infer rules: the layout is checked (and a WINDOW placement checked
- * against the argument's row counts) before the local kernel runs. impl picks fast or naive. */
-DSV4_API dsv4_status dsv4_lightning_indexer_dist(const dsv4_indexer_args *a, int nranks, const dsv4_placement in[3],
-                                        dsv4_impl impl);
-DSV4_API dsv4_status dsv4_sparse_attn_dist(const dsv4_attn_args *a, int nranks, const dsv4_placement in[5], dsv4_impl impl);
-DSV4_API dsv4_status dsv4_sparse_attn_bwd_dist(const dsv4_attn_bwd_args *a, int nranks, const dsv4_placement in[5],
-                                      dsv4_impl impl);
-DSV4_API dsv4_status dsv4_indexer_kl_loss_dist(const dsv4_kl_args *a, int nranks, const dsv4_placement in[6],
-                                      dsv4_impl impl);
-
-/* ---------------------------------------------------------------------------------------------
  * Core attention: everything after the q/kv projections and before the output projection
- * (compressor, indexer, sink, sparse attention, KL loss). Its forward and backward are called
- * through function pointers so that dsv4_cp_patch can swap them; the model code never changes.
+ * (compressor, indexer, sink, sparse attention, KL loss), the object dsv4_cp_patch gives a
+ * communicator. A core starts on a one-rank communicator; patched, the same calls take this rank's
+ * shard and return its shard of the one-rank result (the stages, docs/design.md, are the same).
  * ------------------------------------------------------------------------------------------- */
 typedef struct dsv4_core dsv4_core;
 
 typedef struct {
+  DSV4_STRUCT_HEAD;
   float *o;                 /* [n, H, D] out: attention output per head, before inverse RoPE */
   int32_t *topk_ids;        /* [n, k] out (r == 4): global compressed ids, -1 padded; may be NULL */
   float *indexer_loss;      /* [1] out (r == 4): the whole-batch loss (CP: on every rank); may be NULL */
@@ -344,8 +223,10 @@ typedef struct {
   int64_t n;                /* local rows */
   int train;                /* 1: keep what backward needs (q, kv, x, qr, o must stay valid until then) */
 } dsv4_core_fwd_args;
+#define DSV4_CORE_FWD_ARGS_INIT {DSV4_HEAD(dsv4_core_fwd_args)}
 
 typedef struct {
+  DSV4_STRUCT_HEAD;
   float *dq;                /* [n, H, D] overwritten; may alias d_o (saves n H D floats) */
   float *dkv;               /* [n, D] overwritten */
   float *dx;                /* [n, d] accumulated (main compressor path; the indexer is detached) */
@@ -353,12 +234,19 @@ typedef struct {
   const float *d_o;         /* [n, H, D] */
   float d_loss;             /* d objective / d indexer_loss (1 for sum(out * dout) + indexer_loss) */
 } dsv4_core_bwd_args;
+#define DSV4_CORE_BWD_ARGS_INIT {DSV4_HEAD(dsv4_core_bwd_args), .d_loss = 1.0f}
 
 /* The core borrows w (attn_sink, compressor.*, indexer.*), which must outlive it. */
 DSV4_API dsv4_status dsv4_core_create(dsv4_core **out, const dsv4_config *cfg, int layer, const dsv4_weights *w);
+/* Collective when patched (frees nothing of the communicator, which the caller owns). */
 DSV4_API void dsv4_core_free(dsv4_core *c);
 DSV4_API void dsv4_core_set_impl(dsv4_core *c, dsv4_impl impl);
+/* OpenMP threads of this core's calls; 0 (the default): the calling thread's OpenMP default. */
+DSV4_API dsv4_status dsv4_core_set_threads(dsv4_core *c, int threads);
+/* Collective. The forward over this rank's n rows; begins with one agreement check of every rank's
+ * config, packing meta, row count and split (a mismatch fails on every rank). */
 DSV4_API dsv4_status dsv4_core_forward(dsv4_core *c, const dsv4_core_fwd_args *a);
+/* Collective. The backward of the latest training forward. */
 DSV4_API dsv4_status dsv4_core_backward(dsv4_core *c, const dsv4_core_bwd_args *a);
 
 /* ---------------------------------------------------------------------------------------------
@@ -379,23 +267,46 @@ DSV4_API void dsv4_layer_set_impl(dsv4_layer *l, dsv4_impl impl);
  * query projection and attention forward in the backward. Forgets a pending training forward. */
 DSV4_API dsv4_status dsv4_layer_set_recompute(dsv4_layer *l, int on);
 
-/* Forward over the n local rows of x. out: [n, d] overwritten (zero on padding rows);
- * topk_ids: [n, k] (r == 4; may be NULL); indexer_loss: [1] (r == 4; may be NULL).
- * train = 1 keeps activations for dsv4_layer_backward (x must stay valid until then). */
-DSV4_API dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, float *indexer_loss,
-                               const float *x, int64_t n, const dsv4_packing *pk, int train);
-/* Backward of sum(out * dout) + d_loss * indexer_loss. dx: [n, d] overwritten (zero on padding);
- * grads: accumulated (per-rank partial sums under CP; see dsv4_cp_allreduce_grads). */
-DSV4_API dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, const float *dout,
-                                float d_loss);
+/* OpenMP threads of this layer's calls; 0 (the default): the calling thread's OpenMP default. */
+DSV4_API dsv4_status dsv4_layer_set_threads(dsv4_layer *l, int threads);
+
+/* Forward over this rank's n rows of x. */
+typedef struct {
+  DSV4_STRUCT_HEAD;
+  float *out;               /* [n, d] out, overwritten (zero on padding rows) */
+  int32_t *topk_ids;        /* [n, k] out (r == 4): global compressed ids, -1 padded; may be NULL */
+  float *indexer_loss;      /* [1] out (r == 4): the whole-batch KL loss (CP: on every rank); may be NULL */
+  const float *x;           /* [n, d] this rank's rows (must stay valid until the backward when train) */
+  int64_t n;                /* local rows */
+  const dsv4_packing *pk;   /* GLOBAL packing meta (every rank the same) */
+  int train;                /* 1: keep what dsv4_layer_backward needs */
+} dsv4_layer_fwd_args;
+#define DSV4_LAYER_FWD_ARGS_INIT {DSV4_HEAD(dsv4_layer_fwd_args)}
+
+/* Backward of sum(out * dout) + d_loss * indexer_loss for the latest training forward. */
+typedef struct {
+  DSV4_STRUCT_HEAD;
+  float *dx;                /* [n, d] out, overwritten (zero on padding rows) */
+  dsv4_weights *grads;      /* accumulated (per-rank partial sums under CP; see dsv4_cp_allreduce_grads) */
+  const float *dout;        /* [n, d] */
+  float d_loss;             /* d objective / d indexer_loss (default 1) */
+} dsv4_layer_bwd_args;
+#define DSV4_LAYER_BWD_ARGS_INIT {DSV4_HEAD(dsv4_layer_bwd_args), .d_loss = 1.0f}
+
+/* Collective under CP (the core's communicator); one agreement check first, as dsv4_core_forward. */
+DSV4_API dsv4_status dsv4_layer_forward(dsv4_layer *l, const dsv4_layer_fwd_args *a);
+/* Collective under CP. */
+DSV4_API dsv4_status dsv4_layer_backward(dsv4_layer *l, const dsv4_layer_bwd_args *a);
 
 /* FLOPs one layer call must do (docs/perf.md): real tokens only, no recomputation counted. */
 typedef struct {
+  DSV4_STRUCT_HEAD;
   double fwd, bwd;                                   /* totals */
   double projections_fwd, attention_fwd, indexer_fwd;
   double projections_bwd, attention_bwd, indexer_bwd;
   double tokens;                                     /* real tokens counted */
 } dsv4_flops;
+#define DSV4_FLOPS_INIT {DSV4_HEAD(dsv4_flops)}
 
 DSV4_API dsv4_status dsv4_layer_flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, dsv4_flops *f);
 
@@ -409,6 +320,7 @@ typedef struct dsv4_comm dsv4_comm;
 
 /* A communicator of one rank (no messages). MPI: see dsv4cp_mpi.h. */
 DSV4_API dsv4_status dsv4_comm_create_self(dsv4_comm **out);
+/* Collective for an MPI communicator (it frees the library's duplicate). */
 DSV4_API void dsv4_comm_free(dsv4_comm *c);
 DSV4_API int dsv4_comm_rank(const dsv4_comm *c);
 DSV4_API int dsv4_comm_size(const dsv4_comm *c);
@@ -419,9 +331,12 @@ typedef enum {
 } dsv4_split;
 
 typedef struct {
+  DSV4_STRUCT_HEAD;
   dsv4_split split;
-  int overlap;               /* 1: overlap the Stage-1 all-gather with window attention */
+  int overlap;               /* 1 (default): the Stage-1 all-gather runs while the window phase computes;
+                                0: it blocks (stats report hidden_seconds 0); results are the same bits */
 } dsv4_cp_config;
+#define DSV4_CP_CONFIG_INIT {DSV4_HEAD(dsv4_cp_config), .split = DSV4_SPLIT_CONTIGUOUS, .overlap = 1}
 
 /* Message kinds for accounting (forward and backward). */
 typedef enum {
@@ -437,6 +352,7 @@ typedef enum {
 } dsv4_msg_kind;
 
 typedef struct {
+  DSV4_STRUCT_HEAD;
   uint64_t bytes_sent[DSV4_MSG_KINDS];
   uint64_t bytes_recv[DSV4_MSG_KINDS];
   uint64_t messages[DSV4_MSG_KINDS];
@@ -444,6 +360,7 @@ typedef struct {
   double hidden_seconds;            /* Stage-1 all-gather time overlapped with computation */
   double overlap_window_seconds;    /* time of the computation it overlapped with */
 } dsv4_cp_stats;
+#define DSV4_CP_STATS_INIT {DSV4_HEAD(dsv4_cp_stats)}
 
 DSV4_API const char *dsv4_msg_kind_name(dsv4_msg_kind k);
 
@@ -451,18 +368,22 @@ DSV4_API const char *dsv4_msg_kind_name(dsv4_msg_kind k);
  * messages per kind for rank `rank` of `size` (what dsv4_cp_get_stats measures, exactly). */
 DSV4_API dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
                                           const dsv4_cp_config *cp, int rank, int size, dsv4_cp_stats *out);
-/* The same for every rank at once (out: [size]); much faster than size calls for large size. */
+/* The same for every rank at once (out: [size], each element's struct_size set, e.g. from
+ * DSV4_CP_STATS_INIT); much faster than size calls for large size. */
 DSV4_API dsv4_status dsv4_cp_plan_traffic_all(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
                                               const dsv4_cp_config *cp, int size, dsv4_cp_stats *out);
 
 /* How a layer will be run, for planning its memory. */
 typedef struct {
+  DSV4_STRUCT_HEAD;
   int recompute;     /* dsv4_layer_set_recompute */
   int threads;       /* OpenMP threads per rank (per-thread scratch); 0 = 1 */
 } dsv4_plan_opts;
+#define DSV4_PLAN_OPTS_INIT {DSV4_HEAD(dsv4_plan_opts)}
 
 /* What one rank holds for one layer forward + backward, in bytes. */
 typedef struct {
+  DSV4_STRUCT_HEAD;
   uint64_t weights;    /* the layer's weight set (fp32) */
   uint64_t grads;      /* its gradients (as large) */
   uint64_t saved;      /* activations a training forward keeps for the backward (dsv4_layer_saved_bytes) */
@@ -473,6 +394,7 @@ typedef struct {
   uint64_t io;         /* the caller's per-rank x, dout, out, dx and top-k ids */
   uint64_t total;      /* the sum of the above but replicated (already in saved) */
 } dsv4_memory_plan;
+#define DSV4_MEMORY_PLAN_INIT {DSV4_HEAD(dsv4_memory_plan)}
 
 DSV4_API dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
                                          const dsv4_cp_config *cp, const dsv4_plan_opts *opts, int rank, int size,
@@ -486,15 +408,23 @@ DSV4_API dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, cons
 DSV4_API dsv4_status dsv4_cp_shard_rows(const dsv4_packing *pk, const dsv4_cp_config *cfg, int rank, int size,
                                int64_t *rows, int64_t *n);
 
-/* Swaps the core's forward/backward for the two-stage CP versions over comm. The core keeps its
- * weights; the comm must outlive the core. After this, dsv4_core_forward (and the layer) take
- * LOCAL shards and return the local shard of the CP = 1 result. */
+/* Gives the core a communicator and a split: its forward and backward (and the layer's) then take
+ * this rank's shard and return its shard of the CP = 1 result, with the same stages (one rank is
+ * CP over a one-rank communicator). The core keeps its weights; comm must outlive the core; cfg
+ * may be NULL (DSV4_CP_CONFIG_INIT's values). Forgets a pending training forward. */
 DSV4_API dsv4_status dsv4_cp_patch(dsv4_core *core, dsv4_comm *comm, const dsv4_cp_config *cfg);
-/* Sums per-rank partial weight gradients over the CP group (every rank gets the total). */
+/* Collective. Sums per-rank partial weight gradients over the CP group (every rank gets the total). */
 DSV4_API dsv4_status dsv4_cp_allreduce_grads(dsv4_comm *comm, dsv4_weights *grads);
-/* Communication counters of a patched core (zeroed by dsv4_cp_stats_reset). */
+/* Communication counters of a core since dsv4_cp_patch or dsv4_cp_stats_reset (all zero on one
+ * rank); st->struct_size must be set (DSV4_CP_STATS_INIT). */
 DSV4_API dsv4_status dsv4_cp_get_stats(const dsv4_core *core, dsv4_cp_stats *st);
 DSV4_API void dsv4_cp_stats_reset(dsv4_core *core);
+
+/* 1 when this BLAS gives a row the same bits at any position of a fixed-shape, single-threaded
+ * call; tests use it to decide whether to demand bitwise equality of CP = N and CP = 1 (the
+ * library's results never rely on it: every row is computed at its global position in a fixed-shape
+ * call, docs/design.md). */
+DSV4_API int dsv4_blas_probe_invariance(void);
 
 #ifdef __cplusplus
 }

@@ -6,9 +6,11 @@
  * range-checked before it is converted. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "util/abi.h"
 #include "util/err.h"
 #include "util/fileio.h"
 #include "util/json.h"
@@ -31,6 +33,8 @@
 /* Fills the keys shared by every preset and the defaults of optional keys. */
 static void set_defaults(dsv4_config *c) {
   memset(c, 0, sizeof *c);
+  c->struct_size = sizeof *c;
+  c->struct_version = DSV4_STRUCT_VERSION;
   c->rope_theta = FLASH_ROPE_THETA;
   c->compress_rope_theta = FLASH_COMPRESS_ROPE_THETA;
   c->rope_factor = FLASH_YARN_FACTOR;
@@ -52,9 +56,12 @@ static void set_pattern(dsv4_config *c, int n_layers, int first) {
   c->compress_ratios[n_layers - 1] = 0;
 }
 
-dsv4_status dsv4_config_preset(dsv4_config *cfg, const char *name) {
+/* The library-side functions work on full-size structs; the public ones wrap them (util/abi.h). */
+static dsv4_status validate(const dsv4_config *c);
+
+static dsv4_status preset(dsv4_config *cfg, const char *name) {
   dsv4_status rc = DSV4_OK;
-  DSV4_CHECK(cfg && name, DSV4_ERR_ARG, "config preset: NULL argument");
+  DSV4_CHECK(name, DSV4_ERR_ARG, "config preset: NULL name");
   set_defaults(cfg);
   if (!strcmp(name, "flash")) {
     cfg->dim = 4096; cfg->n_heads = 64; cfg->head_dim = 512; cfg->rope_dim = 64;
@@ -82,13 +89,28 @@ dsv4_status dsv4_config_preset(dsv4_config *cfg, const char *name) {
   } else {
     DSV4_FAIL(DSV4_ERR_ARG, "unknown config preset '%s' (expected flash, pro or tiny)", name);
   }
-  return dsv4_config_validate(cfg);
+  return validate(cfg);
 fail:
   return rc;
 }
 
+dsv4_status dsv4_config_preset(dsv4_config *cfg, const char *name) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_config full;
+  DSV4_TRY(DSV4_STRUCT_CHECK(cfg, dsv4_config));
+  DSV4_TRY(preset(&full, name));
+  DSV4_TRY(DSV4_STRUCT_OUT(cfg, &full, dsv4_config));
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_config_in(dsv4_config *full, const dsv4_config *cfg) {
+  return DSV4_STRUCT_IN(full, cfg, dsv4_config, NULL);
+}
+
 int dsv4_config_ratio(const dsv4_config *cfg, int layer) {
-  if (!cfg || layer < 0 || layer >= cfg->n_layers) return -1;
+  if (!cfg || cfg->struct_size < offsetof(dsv4_config, compress_ratios) + sizeof cfg->compress_ratios) return -1;
+  if (layer < 0 || layer >= cfg->n_layers) return -1;
   return cfg->compress_ratios[layer];
 }
 
@@ -98,9 +120,17 @@ static int any_ratio(const dsv4_config *c, int r) {
   return 0;
 }
 
-dsv4_status dsv4_config_validate(const dsv4_config *c) {
+dsv4_status dsv4_config_validate(const dsv4_config *cfg) {
   dsv4_status rc = DSV4_OK;
-  DSV4_CHECK(c, DSV4_ERR_ARG, "config: NULL");
+  dsv4_config full;
+  DSV4_TRY(dsv4_config_in(&full, cfg));
+  DSV4_TRY(validate(&full));
+fail:
+  return rc;
+}
+
+static dsv4_status validate(const dsv4_config *c) {
+  dsv4_status rc = DSV4_OK;
 #define POSITIVE(field, key)                                                                            \
   DSV4_CHECK(c->field > 0 && c->field <= DSV4_MAX_DIM, DSV4_ERR_CONFIG, "config: %s must be in [1, %d] (got %d)", \
              key, DSV4_MAX_DIM, c->field)
@@ -351,10 +381,10 @@ fail:
   return rc;
 }
 
-dsv4_status dsv4_config_parse(dsv4_config *cfg, const char *json_text) {
+static dsv4_status parse(dsv4_config *cfg, const char *json_text) {
   dsv4_status rc = DSV4_OK;
   cJSON *root = NULL;
-  DSV4_CHECK(cfg && json_text, DSV4_ERR_ARG, "config: NULL argument");
+  DSV4_CHECK(json_text, DSV4_ERR_ARG, "config: NULL text");
   set_defaults(cfg);
   root = cJSON_Parse(json_text);
   DSV4_CHECK(root, DSV4_ERR_FORMAT, "config: not valid JSON (near byte %ld)",
@@ -398,9 +428,19 @@ dsv4_status dsv4_config_parse(dsv4_config *cfg, const char *json_text) {
              "config: compress_ratios has %d entries but num_hidden_layers is %d", cfg->n_layers,
              cfg->n_hidden_layers);
   DSV4_TRY(get_quantization(root, cfg));
-  DSV4_TRY(dsv4_config_validate(cfg));
+  DSV4_TRY(validate(cfg));
 fail:
   cJSON_Delete(root);
+  return rc;
+}
+
+dsv4_status dsv4_config_parse(dsv4_config *cfg, const char *json_text) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_config full;
+  DSV4_TRY(DSV4_STRUCT_CHECK(cfg, dsv4_config));
+  DSV4_TRY(parse(&full, json_text));
+  DSV4_TRY(DSV4_STRUCT_OUT(cfg, &full, dsv4_config));
+fail:
   return rc;
 }
 

@@ -12,8 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "io/safetensors.h"
-#include "util/err.h"
+#include "dsv4cp_io.h"
 
 /* How long a failing rank waits for the others to reach the error check before aborting the job
  * (they may be blocked in a message the failing rank will never send). */

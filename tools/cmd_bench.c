@@ -85,7 +85,7 @@ static int measure(cli_ctx *c, job *j, dsv4_layer *l, int reps, int warmup, timi
   double *tf = calloc((size_t)reps, sizeof(double)), *tb = calloc((size_t)reps, sizeof(double));
   double *busy = calloc((size_t)reps, sizeof(double)), *frac = calloc((size_t)reps, sizeof(double));
   int ok = out && dx && topk && tf && tb && busy && frac && !cli_lib(c, dsv4_weights_create(&g, &j->cfg, j->layer));
-  dsv4_flops f = {0};
+  dsv4_flops f = DSV4_FLOPS_INIT;
   dsv4_layer_flops(&j->cfg, j->layer, &j->pk, &f);
   const int cp = c->size > 1;
   float loss;
@@ -94,16 +94,20 @@ static int measure(cli_ctx *c, job *j, dsv4_layer *l, int reps, int warmup, timi
     if (r >= 0) snprintf(what, sizeof what, "run %d of %d", r + 1, reps);
     progress_at(c->progress, what, (double)(r + warmup) / (double)(reps + warmup));
     if (r == 0 && cp) dsv4_cp_stats_reset(dsv4_layer_core(l));
-    dsv4_cp_stats before = {0}, after = {0};
+    dsv4_cp_stats before = DSV4_CP_STATS_INIT, after = DSV4_CP_STATS_INIT;
     if (cp) dsv4_cp_get_stats(dsv4_layer_core(l), &before);
     double gemm = r >= 0 ? sgemm_rate(c, 2) : 0; /* this moment's rate, all ranks together */
     MPI_Allreduce(MPI_IN_PLACE, &gemm, 1, MPI_DOUBLE, MPI_SUM, c->comm);
     MPI_Barrier(c->comm);
     const double t0 = MPI_Wtime();
-    ok = !cli_lib(c, dsv4_layer_forward(l, out, topk, &loss, j->x, n, &j->pk, 1));
+    const dsv4_layer_fwd_args fa = {DSV4_HEAD(dsv4_layer_fwd_args), .out = out, .topk_ids = topk,
+                                    .indexer_loss = &loss, .x = j->x, .n = n, .pk = &j->pk, .train = 1};
+    ok = !cli_lib(c, dsv4_layer_forward(l, &fa));
     const double t1 = MPI_Wtime();
     if (ok && r == reps - 1) *saved = dsv4_layer_saved_bytes(l);
-    ok = ok && !cli_lib(c, dsv4_layer_backward(l, dx, g, j->dout, 1.0f));
+    const dsv4_layer_bwd_args ba = {DSV4_HEAD(dsv4_layer_bwd_args), .dx = dx, .grads = g, .dout = j->dout,
+                                    .d_loss = 1.0f};
+    ok = ok && !cli_lib(c, dsv4_layer_backward(l, &ba));
     const double t2 = MPI_Wtime();
     if (r < 0) continue;
     if (cp) dsv4_cp_get_stats(dsv4_layer_core(l), &after);
@@ -137,9 +141,9 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
     int saved_planned; /* bytes saved for the backward == dsv4_cp_plan_memory */
     dsv4_cp_stats st;
   } mine = {tm->fwd, tm->bwd, tm->busy, 0, (double)saved / 1048576.0, sgemm, 0, 0, base_mb, 1, 0, *st}, *all = NULL;
-  dsv4_cp_stats plan;
-  dsv4_memory_plan mem = {0};
-  const dsv4_plan_opts popts = {j->recompute, omp_get_max_threads()};
+  dsv4_cp_stats plan = DSV4_CP_STATS_INIT;
+  dsv4_memory_plan mem = DSV4_MEMORY_PLAN_INIT;
+  const dsv4_plan_opts popts = {DSV4_HEAD(dsv4_plan_opts), .recompute = j->recompute, .threads = omp_get_max_threads()};
   mine.saved_planned = dsv4_cp_plan_memory(&j->cfg, j->layer, &j->pk, &j->cp, &popts, c->rank, c->size, &mem) ==
                            DSV4_OK && mem.saved == saved;
   mine.planned_mb = (double)mem.total / 1048576.0;
@@ -259,7 +263,7 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   dsv4_layer *l = NULL;
   dsv4_comm *comm = NULL;
   timing tm = {0};
-  dsv4_cp_stats st = {0};
+  dsv4_cp_stats st = DSV4_CP_STATS_INIT;
   size_t saved = 0;
   progress prog;
   progress_start(&prog, c->rank, 0, "dsv4cp bench");

@@ -7,7 +7,6 @@
 #include <stdio.h>
 
 #include "cli.h"
-#include "util/gemm.h"
 
 /* OpenBLAS's name of the kernels it picked (e.g. "SkylakeX"). */
 extern char *openblas_get_corename(void);

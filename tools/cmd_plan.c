@@ -55,9 +55,9 @@ static const char *kind_name(int r) { return r == 0 ? "SWA" : r == 4 ? "CSA" : "
 static dsv4_status worst_rank(const plan_run *pr, int layer, const dsv4_packing *pk, dsv4_memory_plan *worst,
                               int *which) {
   dsv4_status rc = DSV4_OK;
-  memset(worst, 0, sizeof *worst);
+  *worst = (dsv4_memory_plan)DSV4_MEMORY_PLAN_INIT;
   for (int q = 0; q < pr->N; q++) {
-    dsv4_memory_plan m;
+    dsv4_memory_plan m = DSV4_MEMORY_PLAN_INIT;
     if ((rc = dsv4_cp_plan_memory(pr->cfg, layer, pk, &pr->cp, &pr->opts, q, pr->N, &m)) != DSV4_OK) return rc;
     if (m.total > worst->total) *worst = m, *which = q;
   }
@@ -70,14 +70,14 @@ static dsv4_status longest_fit(const plan_run *pr, int layer, uint64_t budget, i
   const int64_t pieces = pr->cp.split == DSV4_SPLIT_ZIGZAG ? 2 * pr->N : pr->N;
   int64_t lo = 0, hi = 1; /* in units of pieces; lo fits (0 = nothing), hi does not */
   int32_t cu[2] = {0, 0};
-  dsv4_packing pk = {cu, NULL, 1, 0, 0};
+  dsv4_packing pk = {DSV4_HEAD(dsv4_packing), .cu_seqlens = cu, .n_docs = 1};
   for (;;) { /* grow hi until it does not fit (or int32 tokens) */
     if (hi * pieces > INT32_MAX) {
       hi = INT32_MAX / pieces + 1;
       break;
     }
     cu[1] = (int32_t)(hi * pieces), pk.T = hi * pieces;
-    dsv4_memory_plan m;
+    dsv4_memory_plan m = DSV4_MEMORY_PLAN_INIT;
     int q;
     if ((rc = worst_rank(pr, layer, &pk, &m, &q)) != DSV4_OK) return rc;
     if (m.total > budget) break;
@@ -86,7 +86,7 @@ static dsv4_status longest_fit(const plan_run *pr, int layer, uint64_t budget, i
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
     cu[1] = (int32_t)(mid * pieces), pk.T = mid * pieces;
-    dsv4_memory_plan m;
+    dsv4_memory_plan m = DSV4_MEMORY_PLAN_INIT;
     int q;
     if ((rc = worst_rank(pr, layer, &pk, &m, &q)) != DSV4_OK) return rc;
     if (m.total <= budget) lo = mid; else hi = mid;
@@ -127,6 +127,7 @@ static int plan_layer(cli_ctx *c, const plan_run *pr, int layer, const dsv4_pack
     free(st), free(mem);
     return cli_lib(c, DSV4_ERR_NOMEM);
   }
+  for (int q = 0; q < N; q++) st[q] = (dsv4_cp_stats)DSV4_CP_STATS_INIT, mem[q] = (dsv4_memory_plan)DSV4_MEMORY_PLAN_INIT;
   int bad = cli_lib(c, dsv4_cp_plan_traffic_all(pr->cfg, layer, pk, &pr->cp, N, st));
   int worst = 0;
   for (int q = 0; q < N && !bad; q++) {
@@ -207,8 +208,8 @@ int cmd_plan(cli_ctx *c, int argc, char **argv) {
   if (p == 1) return 0;
   int64_t N = 2, S = 4096, B = 1, layer = -1, threads = 1;
   uint64_t budget = 0;
-  dsv4_cp_config cp = {DSV4_SPLIT_CONTIGUOUS, 1};
-  dsv4_config cfg;
+  dsv4_cp_config cp = DSV4_CP_CONFIG_INIT;
+  dsv4_config cfg = DSV4_CONFIG_INIT;
   if (p == 0) {
     job_opts jo = {.seq = seq, .batch = batch, .split = split};
     if (ranks_s) cli_int(c, "ranks", ranks_s, 1, 1 << 20, &N);
@@ -226,8 +227,8 @@ int cmd_plan(cli_ctx *c, int argc, char **argv) {
   int32_t *cu = calloc((size_t)B + 1, sizeof(int32_t));
   if (!cu) return cli_lib(c, DSV4_ERR_NOMEM), cli_sync(c);
   for (int64_t b = 0; b <= B; b++) cu[b] = (int32_t)(b * S);
-  const dsv4_packing pk = {cu, NULL, (int)B, S * B, B > 1};
-  plan_run pr = {&cfg, cp, {recompute, (int)threads}, (int)N, NULL};
+  const dsv4_packing pk = {DSV4_HEAD(dsv4_packing), .cu_seqlens = cu, .n_docs = (int)B, .T = S * B, .batched = B > 1};
+  plan_run pr = {&cfg, cp, {DSV4_HEAD(dsv4_plan_opts), .recompute = recompute, .threads = (int)threads}, (int)N, NULL};
   if (json && !(pr.json = fopen(json, "w"))) cli_error(c, "--json: cannot write '%s'", json);
   if (!c->err[0]) {
     printf("plan: %s, T = %lld (%lld x %lld), CP = %lld, %s split, %s, %lld thread%s per rank\n",

@@ -3,8 +3,8 @@
  * design documents' loss-equivalence test).
  *   objective = 0.5 sum_rows ||out - y||^2 / (T d) + indexer_loss,   y seeded random
  *   w <- w - lr * (rank-summed gradient)
- * The squared-error sum is reduced exactly (fixed point, util/exactsum.h) so that, given bitwise
- * equal outputs, every rank count prints the same bits. Weight gradients are sums over tokens
+ * The squared-error sum is reduced exactly (128-bit fixed point: integer sums are associative) so
+ * that, given bitwise equal outputs, every rank count prints the same bits. Weight gradients are sums over tokens
  * whose order depends on the split, so from step 2 on the losses agree to SPEC 6's tolerance
  * rather than bitwise. */
 #include <math.h>
@@ -12,25 +12,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsv4cp_io.h"
 #include "dsv4cp_mpi.h"
 #include "job.h"
-#include "model/weights.h"
-#include "util/exactsum.h"
-#include "util/rng.h"
 
 #define TARGET_STREAM "train.target"
 #define DEFAULT_STEPS 5
 #define DEFAULT_LR 0.05
 
+/* Fixed point of the loss terms: each term is rounded once to a multiple of 2^-FRAC_BITS (the same
+ * way on every rank), so the total does not depend on which rank adds which term. */
+#define FRAC_BITS 70
+typedef __int128 fixed_sum;
+
 /* Sum over ranks of the local terms, exactly (every rank gets the same bits). */
 static double exact_allsum(cli_ctx *c, const double *terms, int64_t n) {
-  dsv4_exactsum mine = 0, *all = malloc(sizeof(dsv4_exactsum) * (size_t)c->size);
-  for (int64_t i = 0; i < n; i++) mine += dsv4_exactsum_term(terms[i]);
+  fixed_sum mine = 0, *all = malloc(sizeof(fixed_sum) * (size_t)c->size);
+  for (int64_t i = 0; i < n; i++) mine += (fixed_sum)ldexp(terms[i], FRAC_BITS);
   MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, c->comm);
-  dsv4_exactsum tot = 0;
+  fixed_sum tot = 0;
   for (int r = 0; r < c->size; r++) tot += all[r];
   free(all);
-  return dsv4_exactsum_value(tot);
+  return ldexp((double)tot, -FRAC_BITS);
 }
 
 /* The SGD loop; returns after recording any error in c. */
@@ -46,7 +49,7 @@ static void train(cli_ctx *c, job *j, int64_t steps, double lr) {
     cli_error(c, "out of memory");
     goto done;
   }
-  const uint64_t ys = dsv4_name_stream(TARGET_STREAM);
+  const uint64_t ys = dsv4_random_stream(TARGET_STREAM);
   for (int64_t i = 0; i < n; i++) dsv4_random_fill(y + i * d, d, j->seed, ys, j->rows[i] * d, 1.0f);
   if (job_make_layer(c, j, 1, &l, &comm)) goto done;
   if (cli_lib(c, dsv4_weights_create(&g, &j->cfg, j->layer))) goto done;
@@ -56,7 +59,9 @@ static void train(cli_ctx *c, job *j, int64_t steps, double lr) {
     snprintf(what, sizeof what, "step %lld of %lld", (long long)step, (long long)steps);
     progress_at(c->progress, what, (double)(step - 1) / (double)steps);
     float iloss = 0;
-    if (cli_lib(c, dsv4_layer_forward(l, out, NULL, &iloss, j->x, n, &j->pk, 1))) goto done;
+    const dsv4_layer_fwd_args fa = {DSV4_HEAD(dsv4_layer_fwd_args), .out = out, .indexer_loss = &iloss, .x = j->x,
+                                    .n = n, .pk = &j->pk, .train = 1};
+    if (cli_lib(c, dsv4_layer_forward(l, &fa))) goto done;
     for (int64_t i = 0; i < n; i++) {
       double s = 0;
       for (int64_t e = 0; e < d; e++) {
@@ -70,10 +75,11 @@ static void train(cli_ctx *c, job *j, int64_t steps, double lr) {
     cli_say(c, "step %lld  loss %.9e  (squared error %.9e + indexer %.9e)\n", (long long)step,
             mse + iloss, mse, (double)iloss);
     dsv4_weights_zero(g);
-    if (cli_lib(c, dsv4_layer_backward(l, dx, g, dout, 1.0f))) goto done;
+    const dsv4_layer_bwd_args ba = {DSV4_HEAD(dsv4_layer_bwd_args), .dx = dx, .grads = g, .dout = dout, .d_loss = 1.0f};
+    if (cli_lib(c, dsv4_layer_backward(l, &ba))) goto done;
     if (comm && cli_lib(c, dsv4_cp_allreduce_grads(comm, g))) goto done;
     for (int i = 0; i < dsv4_weights_count(g); i++) {
-      dsv4_tensor tw, tg;
+      dsv4_tensor tw = DSV4_TENSOR_INIT, tg = DSV4_TENSOR_INIT;
       dsv4_weights_get(j->w, i, &tw);
       dsv4_weights_get(g, i, &tg);
       for (int64_t e = 0; e < tw.numel; e++) tw.data[e] -= (float)(lr * tg.data[e]);

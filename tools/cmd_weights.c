@@ -6,10 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "io/checkpoint.h"
+#include "dsv4cp_io.h"
 #include "job.h"
-#include "model/weights.h"
-#include "util/err.h"
 
 #define MB 1e6
 #define FP8_BLOCK_DEFAULT 128 /* dsv4_config.fp8_block 0 = not given = V4's 128 */
@@ -51,7 +49,7 @@ static void list_required(const dsv4_config *cfg, int layer, const dsv4_weights 
   printf("%-56s %-14s %s\n", "tensor", "shape", "dtype");
   int64_t params = 0;
   for (int i = 0; i < dsv4_weights_count(w); i++) {
-    dsv4_tensor t;
+    dsv4_tensor t = DSV4_TENSOR_INIT;
     dsv4_weights_get(w, i, &t);
     snprintf(name, sizeof name, "%s%s", prefix, t.name);
     dsv4_st_shape_str(shape, sizeof shape, t.shape, t.ndim);
@@ -66,73 +64,81 @@ static void list_required(const dsv4_config *cfg, int layer, const dsv4_weights 
 }
 
 /* Where each tensor is in the checkpoint; returns the bytes the load reads. */
-static uint64_t list_found(const dsv4_weights *w, const dsv4_ckpt_tensor *src, int n) {
+static uint64_t list_found(const dsv4_weight_source *src, int n) {
   char shape[64], sshape[64];
   int wn = 6, ws = 5;
   for (int i = 0; i < n; i++) {
-    wn = (int)strlen(src[i].t->name) > wn ? (int)strlen(src[i].t->name) : wn;
+    wn = (int)strlen(src[i].name) > wn ? (int)strlen(src[i].name) : wn;
     ws = (int)strlen(src[i].shard) > ws ? (int)strlen(src[i].shard) : ws;
   }
   wn = wn > 70 ? 70 : wn, ws = ws > 60 ? 60 : ws;
   printf("%-*s %-14s %-8s %-*s %12s  %s\n", wn, "tensor", "shape", "dtype", ws, "shard", "bytes", "as fp32");
   uint64_t total = 0;
   for (int i = 0; i < n; i++) {
-    const dsv4_ckpt_tensor *s = &src[i];
-    dsv4_tensor t;
-    dsv4_weights_get(w, i, &t);
-    put(s->t->name, wn);
-    printf(" %-14s ", dsv4_st_shape_str(shape, sizeof shape, s->t->shape, s->t->ndim));
-    put(s->t->dtype_name, 8);
+    const dsv4_weight_source *s = &src[i];
+    put(s->name, wn);
+    printf(" %-14s ", dsv4_st_shape_str(shape, sizeof shape, s->shape, s->ndim));
+    put(s->dtype, 8);
     printf(" ");
     put(s->shard, ws);
-    printf(" %12llu  ", (unsigned long long)dsv4_ckpt_bytes(s));
-    if (s->scale) {
+    printf(" %12llu  ", (unsigned long long)s->bytes);
+    if (s->scale_name) {
       printf("dequantised: x ");
-      put(s->scale->name, 0);
+      put(s->scale_name, 0);
       printf(" (");
-      put(s->scale->dtype_name, 0);
-      printf(" %s, %d x %d blocks%s", dsv4_st_shape_str(sshape, sizeof sshape, s->scale->shape, s->scale->ndim),
-             s->block[0], s->block[1], strcmp(s->scale_shard, s->shard) ? ", in " : "");
+      put(s->scale_dtype, 0);
+      printf(" %s, %d x %d blocks%s", dsv4_st_shape_str(sshape, sizeof sshape, s->scale_shape, 2), s->block[0],
+             s->block[1], strcmp(s->scale_shard, s->shard) ? ", in " : "");
       if (strcmp(s->scale_shard, s->shard)) put(s->scale_shard, 0);
       printf(")\n");
     } else {
-      printf("%s\n", s->t->dtype == DSV4_DT_F32 ? "as stored" : "converted exactly");
+      printf("%s\n", !strcmp(s->dtype, "F32") ? "as stored" : "converted exactly");
     }
-    total += dsv4_ckpt_bytes(s);
+    total += s->bytes;
   }
   return total;
 }
 
 /* Locates, lists, loads (timed) and optionally exports the layer; errors recorded in c. */
 static void inspect(cli_ctx *c, dsv4_weights *w, const char *path, const char *export_path) {
-  dsv4_ckpt *ck = NULL;
-  dsv4_ckpt_tensor src[32];
+  dsv4_checkpoint *ck = NULL;
   dsv4_st_writer *wr = NULL;
-  char names[32][160], e[600];
+  char e[600];
   const int n = dsv4_weights_count(w);
+  dsv4_weight_source *src = calloc((size_t)n + 1, sizeof *src);
+  char (*names)[160] = calloc((size_t)n + 1, sizeof *names);
+  if (!src || !names) {
+    cli_error(c, "out of memory");
+    goto done;
+  }
+  for (int i = 0; i < n; i++) src[i] = (dsv4_weight_source)DSV4_WEIGHT_SOURCE_INIT;
   const double t0 = MPI_Wtime();
-  if (cli_lib(c, dsv4_ckpt_open(&ck, path)) || cli_lib(c, dsv4_weights_locate(w, ck, src))) goto done;
+  if (cli_lib(c, dsv4_checkpoint_open(&ck, path)) || cli_lib(c, dsv4_checkpoint_locate(ck, w, src))) goto done;
   const double t1 = MPI_Wtime();
   int opened = 0;
-  const int shards = dsv4_ckpt_shards(ck, &opened);
-  printf("checkpoint %s: %d shard%s, %d opened for this layer; ", dsv4_escape(e, sizeof e, dsv4_ckpt_path(ck)),
+  const int shards = dsv4_checkpoint_shards(ck, &opened);
+  printf("checkpoint %s: %d shard%s, %d opened for this layer; ", dsv4_escape(e, sizeof e, dsv4_checkpoint_path(ck)),
          shards, shards == 1 ? "" : "s", opened);
   if (*dsv4_weights_prefix(w)) printf("names %sattn.*\n\n", dsv4_weights_prefix(w));
   else printf("short names (attn.*, no layer prefix)\n\n");
-  const uint64_t bytes = list_found(w, src, n);
+  const uint64_t bytes = list_found(src, n);
   fflush(stdout);
   const double t2 = MPI_Wtime();
-  if (cli_lib(c, dsv4_weights_read(w, src))) goto done;
+  if (cli_lib(c, dsv4_checkpoint_read(ck, w))) goto done;
   const double t3 = MPI_Wtime();
   int64_t params = 0;
-  dsv4_weights_block(w, &params);
+  for (int i = 0; i < n; i++) {
+    dsv4_tensor t = DSV4_TENSOR_INIT;
+    dsv4_weights_get(w, i, &t);
+    params += t.numel;
+  }
   printf("\n%d tensors, %lld parameters, %.1f MB read: loaded and checked in %.3f s (index and %d shard header%s "
          "%.3f s, data %.3f s = %.0f MB/s)\n", n, (long long)params, bytes / MB, (t1 - t0) + (t3 - t2), opened,
          opened == 1 ? "" : "s", t1 - t0, t3 - t2, t3 > t2 ? bytes / MB / (t3 - t2) : 0.0);
   if (!export_path) goto done;
   if (cli_lib(c, dsv4_st_writer_create(&wr))) goto done;
   for (int i = 0; i < n; i++) {
-    dsv4_tensor t;
+    dsv4_tensor t = DSV4_TENSOR_INIT;
     dsv4_weights_get(w, i, &t);
     snprintf(names[i], sizeof names[i], "%s%s", dsv4_weights_prefix(w), t.name);
     if (cli_lib(c, dsv4_st_writer_add(wr, names[i], DSV4_DT_F32, t.ndim, t.shape, t.data))) goto done;
@@ -141,7 +147,9 @@ static void inspect(cli_ctx *c, dsv4_weights *w, const char *path, const char *e
     printf("wrote %s (%d fp32 tensors)\n", dsv4_escape(e, sizeof e, export_path), n);
 done:
   dsv4_st_writer_free(wr);
-  dsv4_ckpt_close(ck);
+  dsv4_checkpoint_close(ck);
+  free(src);
+  free(names);
 }
 
 int cmd_weights(cli_ctx *c, int argc, char **argv) {
@@ -155,14 +163,14 @@ int cmd_weights(cli_ctx *c, int argc, char **argv) {
       {0}};
   int p = cli_parse(c, argc, argv, 2, opts, USAGE);
   if (p == 1) return 0;
-  dsv4_config cfg;
+  dsv4_config cfg = DSV4_CONFIG_INIT;
   int64_t layer = -1;
   if (p == 0 && !config == !preset) cli_error(c, "give exactly one of --config and --preset");
   if (!c->err[0]) cli_lib(c, preset ? dsv4_config_preset(&cfg, preset) : dsv4_config_load(&cfg, config));
   if (!c->err[0] && !layer_s) cli_error(c, "--layer is required");
   if (!c->err[0]) cli_int(c, "layer", layer_s, 0, cfg.n_layers - 1, &layer);
   if (!c->err[0] && export_path && !weights) cli_error(c, "--export needs --weights (the checkpoint to read)");
-  if (!c->err[0] && export_path) job_check_output_path(c, export_path);
+  if (!c->err[0] && export_path) job_check_output_path(c, "--export", export_path);
   if (cli_sync(c)) return 1;
   if (c->rank == 0) {
     dsv4_weights *w = NULL;

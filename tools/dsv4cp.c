@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "util/err.h"
+#include "dsv4cp_io.h"
 
 static const char *USAGE =
     "usage: dsv4cp <command> [options]     (under mpirun -np N the work is split over N ranks)\n"

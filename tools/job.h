@@ -1,5 +1,8 @@
-/* job.h: one layer's job as the CLI sees it (SPEC 7): config, weights, the input (file or seeded
- * random), this rank's shard of it, and the gathering and writing of results on rank 0. */
+/* job.h: one layer's job as the CLI sees it (docs/spec.md section 7), in three files:
+ *   job_input.c   options, config, weights, the input (file or seeded random), this rank's shard
+ *   job_run.c     the layer (patched for CP), forward, backward, the rank-summed gradients
+ *   job_output.c  rank 0 collecting rows every rank holds a share of, and the output file
+ * The program uses only the library's public headers (dsv4cp.h, dsv4cp_io.h, dsv4cp_mpi.h). */
 #ifndef DSV4_JOB_H
 #define DSV4_JOB_H
 
@@ -31,7 +34,14 @@ typedef struct {
   float *dout;         /* [n, d] or NULL */
   int keep_local;      /* job_execute leaves this rank's rows in the result (for job_write) instead of
                           gathering the whole result on rank 0 */
+  int threads;         /* OpenMP threads of the layer's calls (0: the process default) */
 } job;
+
+/* A run of consecutive global rows held by one rank (at its local rows lo..). */
+typedef struct {
+  int64_t g0, len, lo;
+  int rank;
+} job_run;
 
 /* The commands that share the job options. They read slightly different subsets (train builds its
  * own objective so has no --grad-output; bench defaults to --preset flash), and --help lists exactly
@@ -47,8 +57,18 @@ void job_load(cli_ctx *c, job *j, const job_opts *o);
 void job_reshard(cli_ctx *c, job *j, int rank, int size);
 void job_free(job *j);
 
-/* Rank 0 receives full[T, width] from every rank's local rows (placed by global row). Collective. */
-void job_gather_rows(cli_ctx *c, const job *j, const void *local, int64_t width, size_t elem, void *full);
+/* Every rank's runs of rows, sorted by first global row (from the shard rule, no message); *runs is
+ * allocated. Returns 1 (error recorded) on failure, identically on every rank. */
+int job_owners(cli_ctx *c, const job *j, job_run **runs, int *n_runs);
+/* The one collection primitive. Collective: rows [r0, r0 + n) of a tensor of T rows of row_bytes,
+ * of which every rank holds its own rows in `local` (in local row order), land in dst on rank 0
+ * (which copies its own pieces and receives the others'); the other ranks send their pieces (dst
+ * ignored). Every rank walks the same runs, so the messages pair up in order. */
+void job_collect_rows(const cli_ctx *c, const job_run *runs, int n_runs, const void *local, size_t row_bytes,
+                      int64_t r0, int64_t n, void *dst);
+/* Rank 0 receives full [T, row_bytes] (placed by global row) from every rank's local rows, 64 MiB
+ * at a time. Collective. */
+void job_gather_rows(cli_ctx *c, const job *j, const void *local, size_t row_bytes, void *full);
 
 /* Results of one run: full size on rank 0 (NULL elsewhere), or this rank's rows when
  * job.keep_local is set. */
@@ -87,7 +107,9 @@ void job_grad_name(const job *j, const char *short_name, char *buf, size_t n);
  * topk_ids and dx (job.keep_local results) to rank 0's writer, which never holds more than its own
  * rows and one 64 MiB chunk. A failure while the others are sending aborts the job. */
 void job_write(cli_ctx *c, const job *j, const job_result *r, const char *path);
-/* Rank 0: the output file can be created (so a long run does not fail at the very end). */
-void job_check_output_path(cli_ctx *c, const char *path);
+/* Rank 0, before any loading: the output file given by option opt ("--output") can be written
+ * there (dsv4_output_check: its directory is writable, the path is absent or a regular file), so a
+ * long run does not fail at the very end, nor replace a device, FIFO, directory or link. */
+void job_check_output_path(cli_ctx *c, const char *opt, const char *path);
 
 #endif

@@ -14,6 +14,6 @@ dsv4cp makes OpenBLAS use the kernels the dsv4cp program uses (see _lib.py and b
 results are bitwise those of `dsv4cp run`.
 """
 from ._lib import DSV4Error, blas_info  # first: loads libdsv4cp (and OpenBLAS) before torch does
-from .attention import Attention, allreduce_grads, shard_rows, version
+from .attention import Attention, AttentionOutput, allreduce_grads, shard_rows, version
 
-__all__ = ["Attention", "DSV4Error", "allreduce_grads", "blas_info", "shard_rows", "version"]
+__all__ = ["Attention", "AttentionOutput", "DSV4Error", "allreduce_grads", "blas_info", "shard_rows", "version"]

@@ -21,7 +21,7 @@ import ctypes.util
 import os
 import warnings
 
-from ._structs import (P_CONFIG, P_CPCONFIG, P_PACKING, P_TENSOR, STATUS_NAMES, VOIDP)
+from ._structs import (P_BWDARGS, P_CONFIG, P_CPCONFIG, P_FWDARGS, P_PACKING, P_TENSOR, STATUS_NAMES, VOIDP)
 from ctypes import POINTER, c_char_p, c_float, c_int, c_int64, c_uint64, c_void_p
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -181,8 +181,9 @@ _PROTOS = {
     "dsv4_layer_free": (None, [_P]),
     "dsv4_layer_core": (_P, [_P]),
     "dsv4_layer_set_recompute": (_I, [_P, _I]),
-    "dsv4_layer_forward": (_I, [_P, _P, _P, _P, _P, c_int64, P_PACKING, _I]),
-    "dsv4_layer_backward": (_I, [_P, _P, _P, _P, c_float]),
+    "dsv4_layer_set_threads": (_I, [_P, _I]),
+    "dsv4_layer_forward": (_I, [_P, P_FWDARGS]),
+    "dsv4_layer_backward": (_I, [_P, P_BWDARGS]),
     "dsv4_comm_create_self": (_I, [POINTER(_P)]),
     "dsv4_comm_free": (None, [_P]),
     "dsv4_comm_rank": (_I, [_P]),
@@ -206,27 +207,6 @@ def default_threads(nranks):
     local = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "")
     ranks = int(local) if local.isdigit() and int(local) > 0 else nranks
     return max(1, (os.cpu_count() or 1) // max(1, ranks))
-
-
-class omp_threads:
-    """Context manager: the calling thread's OpenMP thread count is n inside (torch sets its own,
-    often 1, process-wide when imported), restored after."""
-    _gomp = None
-
-    def __init__(self, n):
-        if omp_threads._gomp is None:
-            omp_threads._gomp = ctypes.CDLL("libgomp.so.1")   # the copy libdsv4cp uses
-        self.n = n
-
-    def __enter__(self):
-        self.saved = self._gomp.omp_get_max_threads()
-        if self.n != self.saved:
-            self._gomp.omp_set_num_threads(self.n)
-
-    def __exit__(self, *exc):
-        if self.n != self.saved:
-            self._gomp.omp_set_num_threads(self.saved)
-        return False
 
 
 def check(rc):

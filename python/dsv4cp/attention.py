@@ -21,14 +21,19 @@ library's alone; the binding encodes none of them.
 """
 import ctypes
 import json
+import math
 import os
+import threading
 import weakref
+from typing import NamedTuple, Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import _lib
 from ._lib import DSV4Error, check, lib
-from ._structs import CPConfig, Packing, SPLIT_CONTIGUOUS, SPLIT_ZIGZAG, Tensor, new_config
+from ._structs import (Config, CPConfig, LayerBwdArgs, LayerFwdArgs, Packing, SPLIT_CONTIGUOUS, SPLIT_ZIGZAG,
+                       Tensor, make)
 
 SPLITS = {"contiguous": SPLIT_CONTIGUOUS, "zigzag": SPLIT_ZIGZAG}
 CSA_RATIO = 4
@@ -80,7 +85,7 @@ def _float_view(owner, ptr, numel, shape):
 def _weights_tensors(owner):
     """[(short name, ptr, shape)] of a dsv4_weights set, in the library's order."""
     out = []
-    t = Tensor()
+    t = make(Tensor)
     for i in range(lib.dsv4_weights_count(owner.handle)):
         check(lib.dsv4_weights_get(owner.handle, i, ctypes.byref(t)))
         out.append((t.name.decode(), t.data, tuple(t.shape[k] for k in range(t.ndim)), t.numel))
@@ -119,8 +124,8 @@ class _Meta:
 
     def __init__(self, T, cu, real, batched, n_local, x_shape):
         self.cu, self.real, self.n_local, self.x_shape = cu, real, n_local, x_shape
-        self.pk = Packing(cu_seqlens=_ptr(cu), seqlens_real=_ptr(real),
-                          n_docs=0 if cu is None else cu.numel() - 1, T=T, batched=int(batched))
+        self.pk = make(Packing, cu_seqlens=_ptr(cu), seqlens_real=_ptr(real),
+                       n_docs=0 if cu is None else cu.numel() - 1, T=T, batched=int(batched))
 
 
 def _int32_1d(v, name):
@@ -141,9 +146,18 @@ def _int32_1d(v, name):
 
 # ---- autograd -------------------------------------------------------------------------------------
 
+class AttentionOutput(NamedTuple):
+    """What Attention returns; unpacks as `out, topk_ids, indexer_loss`."""
+    out: torch.Tensor
+    topk_ids: Optional[torch.Tensor]
+    indexer_loss: Optional[torch.Tensor]
+
+
 class _LayerFunction(torch.autograd.Function):
     """out, topk_ids, indexer_loss = layer(x); params are inputs so that autograd routes their
-    gradients (the C layer reads them from its own memory, which they view)."""
+    gradients (the C layer reads them from its own memory, which they view). The backward is the
+    library's, computed once: it is not itself differentiable (a double backward raises instead of
+    quietly dropping the second-order terms)."""
 
     @staticmethod
     def forward(ctx, attn, meta, x, *params):
@@ -154,6 +168,7 @@ class _LayerFunction(torch.autograd.Function):
         return out, topk, loss
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout, _dtopk, dloss):
         attn = ctx.attn
         x = ctx.saved_tensors[0]
@@ -173,11 +188,13 @@ class Attention(torch.nn.Module):
       split: "contiguous" or "zigzag" (SPEC 5); recompute: save fewer activations and rebuild them
       in the backward (bitwise the same results); seed: the initial weights are the library's seeded random
       weights, the same as `dsv4cp run --seed S` without --weights; threads: OpenMP threads of the
-      library's calls (default: the dsv4cp program's rule, OMP_NUM_THREADS or cores / ranks per
-      node; forward bits never depend on it, gradient bits may, within SPEC 6's tolerance).
+      library's calls, a setting of this module alone (dsv4_layer_set_threads; default: the dsv4cp
+      program's rule, OMP_NUM_THREADS or cores / ranks per node).
 
-    out, topk_ids, indexer_loss = attn(x, cu_seqlens=None, seqlens_real=None)
-      x: [n_local, d] (packed stream; this rank's rows under CP) or [B, S_local, d] (B sequences);
+    out, topk_ids, indexer_loss = attn(x, cu_seqlens=None, seqlens_real=None)   # an AttentionOutput
+      x: float32 [n_local, d] (packed stream; this rank's rows under CP) or [B, S_local, d] (B sequences);
+      other dtypes raise TypeError (the library computes in float32 and converts nothing silently),
+      a NaN or infinite value raises ValueError;
       cu_seqlens, seqlens_real: int32, GLOBAL (the whole stream, every rank the same).
       out: the shape of x; topk_ids: int32 [n_local, index_topk] global compressed ids (r = 4) or
       None; indexer_loss: 0-dim tensor, the whole-batch value on every rank (r = 4), or None.
@@ -189,6 +206,7 @@ class Attention(torch.nn.Module):
         self._comm = None
         self._generation = 0
         self._live = None          # generation whose activations the C layer holds, or None
+        self._lock = threading.Lock()   # one call at a time: the C layer keeps one forward's state
         err = None
         try:
             self._setup_local(config, layer, split, seed)
@@ -199,8 +217,6 @@ class Attention(torch.nn.Module):
             self._setup_cp(comm)
         elif err is not None:
             raise err
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"threads must be a positive int, not {threads!r}")
         self.threads = threads or _lib.default_threads(self.size)
         self.recompute = False
         if recompute:
@@ -213,7 +229,7 @@ class Attention(torch.nn.Module):
         if isinstance(layer, bool) or not isinstance(layer, int):
             raise TypeError(f"layer must be an int, not {type(layer).__name__}")
         self.split, self.layer = split, layer
-        cfg, self._cfg_buf = new_config()
+        cfg = make(Config)
         if isinstance(config, dict):
             check(lib.dsv4_config_parse(ctypes.byref(cfg), json.dumps(config).encode()))
         elif isinstance(config, (str, os.PathLike)):
@@ -262,13 +278,39 @@ class Attention(torch.nn.Module):
             import atexit
             atexit.register(_free_mpi_at_exit)
             _atexit_registered.append(True)
-        cp = CPConfig(split=SPLITS[self.split], overlap=1)
+        cp = make(CPConfig, split=SPLITS[self.split], overlap=1)
         err = None
         try:
             check(lib.dsv4_cp_patch(lib.dsv4_layer_core(self._layer.handle), c, ctypes.byref(cp)))
         except DSV4Error as e:
             err = e
         _agree(self._mpi, err)
+
+    @property
+    def threads(self):
+        """OpenMP threads of this module's library calls (a per-layer setting; process-wide OpenMP
+        state is left alone)."""
+        return self._threads
+
+    @threads.setter
+    def threads(self, n):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"threads must be a positive int, not {n!r}")
+        check(lib.dsv4_layer_set_threads(self._layer.handle, n))
+        self._threads = n
+
+    def _apply(self, fn, *args, **kwargs):
+        """Module conversions (.double(), .half(), .bfloat16(), .to(device), .cuda(), .share_memory())
+        would replace the parameters, which are views of the C layer's float32 CPU memory: the C
+        weights would then be rounded or left behind. They are refused; a conversion that keeps
+        float32 on the CPU (.float(), .cpu(), .to(torch.float32)) changes nothing and is allowed."""
+        probe = torch.zeros(1, dtype=torch.float32)
+        moved = fn(probe)
+        if moved is not probe or moved.data_ptr() != probe.data_ptr():
+            raise TypeError(f"dsv4cp.Attention computes in float32 on the CPU: its parameters are views of the "
+                            f"C library's weights and cannot become {moved.dtype} on {moved.device} "
+                            f"(convert the inputs instead, or copy state_dict() into another module)")
+        return self
 
     def set_recompute(self, on=True):
         """Saves fewer activations in the forward and recomputes them in the backward (bitwise the
@@ -348,8 +390,9 @@ class Attention(torch.nn.Module):
             raise TypeError(f"x must be a torch.Tensor, not {type(x).__name__}")
         if x.device.type != "cpu":
             raise TypeError(f"x must be a CPU tensor, not on {x.device}")
-        if not x.dtype.is_floating_point:
-            raise TypeError(f"x must be a float tensor (float32), not {x.dtype}")
+        if x.dtype != torch.float32:
+            raise TypeError(f"x must be float32, not {x.dtype}: the library computes in float32 and "
+                            f"converts nothing silently (pass x.float() to compute in float32)")
         if x.dim() not in (2, 3):
             raise ValueError(f"x must be [n, d] or [B, S, d], has shape {list(x.shape)}")
         if x.shape[-1] != self.dim:
@@ -377,10 +420,17 @@ class Attention(torch.nn.Module):
         n_local = x.shape[0] * (x.shape[1] if x.dim() == 3 else 1)
         if n_local == 0 or T <= 0 or T >= 2 ** 31:
             raise ValueError(f"x holds {n_local} rows of a stream of {T} tokens")
+        if not bool(torch.isfinite(x).all()):   # as the CLI: one NaN would spread over its document
+            bad = (~torch.isfinite(x.reshape(n_local, -1))).any(dim=1).nonzero()[0, 0].item()
+            raise ValueError(f"x has a non-finite value at local row {bad}")
         meta = _Meta(T, cu, real, batched, n_local, tuple(x.shape))
         return meta
 
     def forward(self, x, cu_seqlens=None, seqlens_real=None):
+        with self._lock:
+            return self._forward_locked(x, cu_seqlens, seqlens_real)
+
+    def _forward_locked(self, x, cu_seqlens, seqlens_real):
         meta, err = None, None
         try:
             meta = self._meta(x, cu_seqlens, seqlens_real)
@@ -396,8 +446,8 @@ class Attention(torch.nn.Module):
             with torch.no_grad():
                 out, topk, loss = self._forward_c(xc, meta, train=False)
         if self.ratio != CSA_RATIO:
-            return out, None, None
-        return out, topk, loss
+            return AttentionOutput(out, None, None)
+        return AttentionOutput(out, topk, loss)
 
     def _forward_c(self, x, meta, train):
         self._generation += 1
@@ -406,15 +456,19 @@ class Attention(torch.nn.Module):
         out = torch.empty(meta.x_shape, dtype=torch.float32)
         topk = torch.empty((meta.n_local, self.index_topk) if csa else (0,), dtype=torch.int32)
         loss = torch.zeros((), dtype=torch.float32)
-        with _lib.omp_threads(self.threads):
-            check(lib.dsv4_layer_forward(self._layer.handle, _ptr(out), _ptr(topk) if csa else None,
-                                         _ptr(loss) if csa else None, _ptr(x), meta.n_local,
-                                         ctypes.byref(meta.pk), int(train)))
+        args = make(LayerFwdArgs, out=_ptr(out), topk_ids=_ptr(topk) if csa else None,
+                    indexer_loss=_ptr(loss) if csa else None, x=_ptr(x), n=meta.n_local,
+                    pk=ctypes.cast(ctypes.byref(meta.pk), ctypes.c_void_p), train=int(train))
+        check(lib.dsv4_layer_forward(self._layer.handle, ctypes.byref(args)))
         if train:
             self._live = self._generation
         return out, topk, loss
 
     def _backward_c(self, generation, meta, x, dout, dloss):
+        with self._lock:   # a forward on another thread must not replace the state between check and call
+            return self._backward_locked(generation, meta, x, dout, dloss)
+
+    def _backward_locked(self, generation, meta, x, dout, dloss):
         err = None
         if self._live != generation:
             err = RuntimeError("dsv4cp.Attention: this backward belongs to an earlier forward of the same "
@@ -428,8 +482,8 @@ class Attention(torch.nn.Module):
         w = ctypes.c_void_p()
         check(lib.dsv4_weights_create(ctypes.byref(w), self._cfg, self.layer))   # zeros: accumulated into
         grads = _Owned(w, lib.dsv4_weights_free)
-        with _lib.omp_threads(self.threads):
-            check(lib.dsv4_layer_backward(self._layer.handle, _ptr(dx), w, _ptr(g), ctypes.c_float(d_loss)))
+        args = make(LayerBwdArgs, dx=_ptr(dx), grads=w, dout=_ptr(g), d_loss=d_loss)
+        check(lib.dsv4_layer_backward(self._layer.handle, ctypes.byref(args)))
         return dx, [_float_view(grads, ptr, numel, shape) for _, ptr, shape, numel in _weights_tensors(grads)]
 
 
@@ -469,8 +523,8 @@ def shard_rows(T, rank, size, split="contiguous", batch=None):
         if T % batch:
             raise ValueError(f"T = {T} is not {batch} sequences of equal length")
         cu = torch.arange(0, T + 1, T // batch, dtype=torch.int32)
-    pk = Packing(cu_seqlens=_ptr(cu), seqlens_real=None, n_docs=batch or 0, T=T, batched=int(bool(batch)))
-    cp = CPConfig(split=SPLITS[split], overlap=1)
+    pk = make(Packing, cu_seqlens=_ptr(cu), seqlens_real=None, n_docs=batch or 0, T=T, batched=int(bool(batch)))
+    cp = make(CPConfig, split=SPLITS[split], overlap=1)
     n = ctypes.c_int64()
     check(lib.dsv4_cp_shard_rows(ctypes.byref(pk), ctypes.byref(cp), rank, size, None, ctypes.byref(n)))
     rows = torch.empty(n.value, dtype=torch.int64)

@@ -161,6 +161,9 @@ dsv4_status dsv4_comm_create_mpi(dsv4_comm **out, MPI_Comm comm) {
   DSV4_ALLOC(c, 1);
   DSV4_ALLOC(m, 1);
   MPI_TRY(MPI_Comm_dup(comm, &m->comm), "Comm_dup");
+  /* failures of the library's own messages come back as DSV4_ERR_COMM (the library never exits);
+   * the caller's communicator keeps its own handler */
+  MPI_TRY(MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN), "Comm_set_errhandler");
   MPI_Comm_rank(m->comm, &c->rank);
   MPI_Comm_size(m->comm, &c->size);
   c->ops = &MPI_OPS;

@@ -5,13 +5,16 @@
 
 #include "model/core.h"
 #include "model/weights.h"
+#include "util/abi.h"
 #include "util/err.h"
 
 dsv4_status dsv4_cp_patch(dsv4_core *core, dsv4_comm *comm, const dsv4_cp_config *cfg) {
   dsv4_status rc = DSV4_OK;
+  static const dsv4_cp_config defaults = DSV4_CP_CONFIG_INIT;
+  dsv4_cp_config c = defaults;
+  const dsv4_cp_config *cf = &c;
   DSV4_CHECK(core && comm, DSV4_ERR_ARG, "cp_patch: core and comm are required");
-  const dsv4_cp_config def = {DSV4_SPLIT_CONTIGUOUS, 1};
-  const dsv4_cp_config *cf = cfg ? cfg : &def;
+  if (cfg) DSV4_TRY(DSV4_STRUCT_IN(&c, cfg, dsv4_cp_config, &defaults));
   DSV4_CHECK(cf->split == DSV4_SPLIT_CONTIGUOUS || cf->split == DSV4_SPLIT_ZIGZAG, DSV4_ERR_ARG,
              "cp_patch: unknown split %d", (int)cf->split);
   dsv4_xfer_drain(&core->xfer);
@@ -38,8 +41,8 @@ fail:
 
 dsv4_status dsv4_cp_get_stats(const dsv4_core *core, dsv4_cp_stats *st) {
   dsv4_status rc = DSV4_OK;
-  DSV4_CHECK(core && st, DSV4_ERR_ARG, "cp_get_stats: NULL argument");
-  *st = core->xfer.stats;
+  DSV4_CHECK(core, DSV4_ERR_ARG, "cp_get_stats: NULL core");
+  DSV4_TRY(DSV4_STRUCT_OUT(st, &core->xfer.stats, dsv4_cp_stats));
 fail:
   return rc;
 }

@@ -4,7 +4,9 @@
 
 #include "core.h"
 #include "model/weights.h"
+#include "util/abi.h"
 #include "util/err.h"
+#include "util/par.h"
 
 /* Hash of every config value the agreement compares (field by field: padding bytes are not data). */
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
@@ -28,13 +30,14 @@ dsv4_status dsv4_core_create(dsv4_core **out, const dsv4_config *cfg, int layer,
   dsv4_core *c = NULL;
   DSV4_CHECK(out && cfg && w, DSV4_ERR_ARG, "core: NULL argument");
   *out = NULL;
+  DSV4_ALLOC(c, 1);
+  DSV4_TRY(dsv4_config_in(&c->cfg, cfg));
+  cfg = &c->cfg;
   DSV4_TRY(dsv4_config_validate(cfg));
   DSV4_CHECK(dsv4_config_ratio(cfg, layer) >= 0, DSV4_ERR_ARG, "layer %d out of range (config has %d)", layer,
              cfg->n_layers);
   DSV4_CHECK(dsv4_weights_layer(w) == layer, DSV4_ERR_ARG, "core: weights are for layer %d, not layer %d",
              dsv4_weights_layer(w), layer);
-  DSV4_ALLOC(c, 1);
-  c->cfg = *cfg;
   c->layer = layer;
   c->ratio = dsv4_config_ratio(cfg, layer);
   c->w = w;
@@ -65,6 +68,15 @@ void dsv4_core_set_impl(dsv4_core *c, dsv4_impl impl) {
   dsv4_core_forget(c);
 }
 
+dsv4_status dsv4_core_set_threads(dsv4_core *c, int threads) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_CHECK(c, DSV4_ERR_ARG, "core: NULL");
+  DSV4_CHECK(threads >= 0, DSV4_ERR_ARG, "threads must be >= 0 (0: the caller's OpenMP default), got %d", threads);
+  c->threads = threads;
+fail:
+  return rc;
+}
+
 void dsv4_core_set_recompute(dsv4_core *c, int on) {
   c->recompute = on != 0;
   dsv4_core_forget(c);
@@ -74,9 +86,9 @@ void dsv4_core_forget(dsv4_core *c) { memset(&c->run, 0, sizeof c->run); }
 
 size_t dsv4_core_saved_bytes(const dsv4_core *c) { return c->run.valid ? c->saved.used : 0; }
 
-dsv4_status dsv4_core_forward(dsv4_core *c, const dsv4_core_fwd_args *a) {
+static dsv4_status core_forward(dsv4_core *c, const dsv4_core_fwd_args *a) {
   dsv4_status rc = DSV4_OK;
-  DSV4_CHECK(c && a && a->q && a->o && a->kv && a->pk, DSV4_ERR_ARG, "core forward: q, o, kv and pk are required");
+  DSV4_CHECK(a->q && a->o && a->kv && a->pk, DSV4_ERR_ARG, "core forward: q, o, kv and pk are required");
   DSV4_CHECK(a->n >= 0, DSV4_ERR_ARG, "core forward: n < 0");
   DSV4_TRY(dsv4_core_prepare(c, a->pk, a->n, NULL));
   const dsv4_core_begin_args b = {.q = a->q, .kv = a->kv, .x = a->x, .qr = a->qr, .o = a->o,
@@ -88,13 +100,12 @@ fail:
   return rc;
 }
 
-dsv4_status dsv4_core_backward(dsv4_core *c, const dsv4_core_bwd_args *a) {
+static dsv4_status core_backward(dsv4_core *c, const dsv4_core_bwd_args *a) {
   dsv4_status rc = DSV4_OK;
-  DSV4_CHECK(c, DSV4_ERR_ARG, "core backward: NULL core");
   const dsv4_core_run *st = &c->run;
   const int64_t HD = (int64_t)c->cfg.n_heads * c->cfg.head_dim;
   DSV4_CHECK(st->valid, DSV4_ERR_STATE, "core backward called without a training forward (train = 1)");
-  DSV4_CHECK(a && a->dq && a->dkv && a->grads && a->d_o, DSV4_ERR_ARG,
+  DSV4_CHECK(a->dq && a->dkv && a->grads && a->d_o, DSV4_ERR_ARG,
              "core backward: dq, dkv, grads and d_o are required");
   DSV4_CHECK(c->ratio == 0 || a->dx, DSV4_ERR_ARG, "core backward: dx is required for a compressed layer");
   DSV4_CHECK(st->q && st->o, DSV4_ERR_STATE,
@@ -105,6 +116,34 @@ dsv4_status dsv4_core_backward(dsv4_core *c, const dsv4_core_bwd_args *a) {
     DSV4_TRY(dsv4_core_bwd_rows(c, i0, m, st->q + i0 * HD, st->o + i0 * HD, a->d_o + i0 * HD, a->dq + i0 * HD));
   }
   DSV4_TRY(dsv4_core_bwd_end(c, a->dkv, a->dx));
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_core_forward(dsv4_core *c, const dsv4_core_fwd_args *args) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_fwd_args a;
+  dsv4_packing pk;
+  DSV4_CHECK(c, DSV4_ERR_ARG, "core forward: NULL core");
+  DSV4_TRY(DSV4_STRUCT_IN(&a, args, dsv4_core_fwd_args, NULL));
+  DSV4_TRY(DSV4_STRUCT_IN(&pk, a.pk, dsv4_packing, NULL));
+  a.pk = &pk;
+  const int old = dsv4_threads_enter(c->threads);
+  rc = core_forward(c, &a);
+  dsv4_threads_leave(old);
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_core_backward(dsv4_core *c, const dsv4_core_bwd_args *args) {
+  static const dsv4_core_bwd_args defaults = DSV4_CORE_BWD_ARGS_INIT;
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_bwd_args a;
+  DSV4_CHECK(c, DSV4_ERR_ARG, "core backward: NULL core");
+  DSV4_TRY(DSV4_STRUCT_IN(&a, args, dsv4_core_bwd_args, &defaults));
+  const int old = dsv4_threads_enter(c->threads);
+  rc = core_backward(c, &a);
+  dsv4_threads_leave(old);
 fail:
   return rc;
 }

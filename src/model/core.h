@@ -52,6 +52,7 @@ struct dsv4_core {
   int layer, ratio;
   const dsv4_weights *w;
   dsv4_impl impl;
+  int threads;               /* OpenMP threads of its public calls; 0: the caller's default */
   int recompute;             /* 1: the caller recomputes q, o in the backward; the core its indexer queries */
   dsv4_comm *self;           /* the one-rank communicator a core starts with */
   dsv4_xfer xfer;            /* over self, or the communicator dsv4_cp_patch gave */

@@ -12,9 +12,10 @@
  *             x 1 (its inputs are detached: weight gradients only) + KL 4 Hi Di nc; attention
  *             8 H D (nw + nc) (dP, dQ, dK and dV products). */
 #include "plan/docs.h"
+#include "util/abi.h"
 #include "util/err.h"
 
-dsv4_status dsv4_layer_flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, dsv4_flops *f) {
+static dsv4_status flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, dsv4_flops *f) {
   dsv4_status rc = DSV4_OK;
   dsv4_docs docs = {0};
   DSV4_CHECK(cfg && pk && f, DSV4_ERR_ARG, "flops: NULL argument");
@@ -50,5 +51,19 @@ dsv4_status dsv4_layer_flops(const dsv4_config *cfg, int layer, const dsv4_packi
   f->bwd = f->projections_bwd + f->attention_bwd + f->indexer_bwd;
 fail:
   dsv4_docs_free(&docs);
+  return rc;
+}
+
+dsv4_status dsv4_layer_flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, dsv4_flops *out) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_config c;
+  dsv4_packing p;
+  dsv4_flops f;
+  DSV4_TRY(dsv4_config_in(&c, cfg));
+  DSV4_TRY(DSV4_STRUCT_IN(&p, pk, dsv4_packing, NULL));
+  DSV4_TRY(DSV4_STRUCT_CHECK(out, dsv4_flops));
+  DSV4_TRY(flops(&c, layer, &p, &f));
+  DSV4_TRY(DSV4_STRUCT_OUT(out, &f, dsv4_flops));
+fail:
   return rc;
 }

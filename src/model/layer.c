@@ -8,8 +8,10 @@
 #include "model/core.h"
 #include "model/weights.h"
 #include "ops/rmsnorm.h"
+#include "util/abi.h"
 #include "util/err.h"
 #include "util/gemm.h"
+#include "util/par.h"
 #include "util/reduce.h"
 
 struct dsv4_layer {
@@ -18,6 +20,7 @@ struct dsv4_layer {
   const dsv4_weights *w;
   dsv4_core *core;
   dsv4_impl impl;
+  int threads;               /* OpenMP threads of its calls; 0: the caller's default */
   int recompute;             /* keep neither q nor o: rebuild them in the backward */
   /* the latest forward */
   int valid;                 /* a training forward completed: backward may run */
@@ -41,8 +44,8 @@ dsv4_status dsv4_layer_create(dsv4_layer **out, const dsv4_config *cfg, int laye
   DSV4_CHECK(out, DSV4_ERR_ARG, "layer: NULL out");
   *out = NULL;
   DSV4_ALLOC(l, 1);
-  DSV4_TRY(dsv4_core_create(&l->core, cfg, layer, w));
-  l->cfg = *cfg;
+  DSV4_TRY(dsv4_config_in(&l->cfg, cfg));
+  DSV4_TRY(dsv4_core_create(&l->core, &l->cfg, layer, w));
   l->layer = layer;
   l->w = w;
   *out = l;
@@ -71,6 +74,16 @@ void dsv4_layer_set_impl(dsv4_layer *l, dsv4_impl impl) {
   l->impl = impl;
   forget(l);
   dsv4_core_set_impl(l->core, impl);
+}
+
+dsv4_status dsv4_layer_set_threads(dsv4_layer *l, int threads) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_CHECK(l, DSV4_ERR_ARG, "layer: NULL");
+  DSV4_CHECK(threads >= 0, DSV4_ERR_ARG, "threads must be >= 0 (0: the caller's OpenMP default), got %d", threads);
+  l->threads = threads;
+  DSV4_TRY(dsv4_core_set_threads(l->core, threads));
+fail:
+  return rc;
 }
 
 dsv4_status dsv4_layer_set_recompute(dsv4_layer *l, int on) {
@@ -136,8 +149,8 @@ fail:
   return rc;
 }
 
-dsv4_status dsv4_layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, float *indexer_loss,
-                               const float *x, int64_t n, const dsv4_packing *pk, int train) {
+static dsv4_status layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, float *indexer_loss, const float *x,
+                                 int64_t n, const dsv4_packing *pk, int train) {
   dsv4_status rc = DSV4_OK;
   const dsv4_config *cf = &l->cfg;
   const int64_t d = cf->dim, D = cf->head_dim, dq = cf->q_lora_rank;
@@ -262,8 +275,7 @@ static void query_backward(dsv4_layer *l, dsv4_weights *grads, float *dq_, const
   K->gemm_nn(m, d, dq, 1.0f, dqr, dq, dsv4_w(w, W_WQ_A), d, 1.0f, dx + i0 * d, d);
 }
 
-dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, const float *dout,
-                                float d_loss) {
+static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, const float *dout, float d_loss) {
   dsv4_status rc = DSV4_OK;
   const dsv4_config *cf = &l->cfg;
   const int64_t d = cf->dim, H = cf->n_heads, D = cf->head_dim;
@@ -306,6 +318,33 @@ dsv4_status dsv4_layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, c
   K->gemm_nn(n, d, D, 1.0f, dkv, D, dsv4_w(w, W_WKV), d, 1.0f, dx, d);
   for (int64_t i = 0; i < n; i++)
     if (!p->real[i]) memset(dx + i * d, 0, sizeof(float) * (size_t)d);
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_layer_forward(dsv4_layer *l, const dsv4_layer_fwd_args *args) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_layer_fwd_args a;
+  dsv4_packing pk;
+  DSV4_CHECK(l, DSV4_ERR_ARG, "layer forward: NULL layer");
+  DSV4_TRY(DSV4_STRUCT_IN(&a, args, dsv4_layer_fwd_args, NULL));
+  DSV4_TRY(DSV4_STRUCT_IN(&pk, a.pk, dsv4_packing, NULL));
+  const int old = dsv4_threads_enter(l->threads);
+  rc = layer_forward(l, a.out, a.topk_ids, a.indexer_loss, a.x, a.n, &pk, a.train);
+  dsv4_threads_leave(old);
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_layer_backward(dsv4_layer *l, const dsv4_layer_bwd_args *args) {
+  static const dsv4_layer_bwd_args defaults = DSV4_LAYER_BWD_ARGS_INIT;
+  dsv4_status rc = DSV4_OK;
+  dsv4_layer_bwd_args a;
+  DSV4_CHECK(l, DSV4_ERR_ARG, "layer backward: NULL layer");
+  DSV4_TRY(DSV4_STRUCT_IN(&a, args, dsv4_layer_bwd_args, &defaults));
+  const int old = dsv4_threads_enter(l->threads);
+  rc = layer_backward(l, a.dx, a.grads, a.dout, a.d_loss);
+  dsv4_threads_leave(old);
 fail:
   return rc;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "io/checkpoint.h"
+#include "util/abi.h"
 #include "util/err.h"
 #include "util/rng.h"
 
@@ -49,10 +50,11 @@ static void set_shape(dsv4_weights *w, dsv4_wid id, int64_t a, int64_t b, init_k
 /* Fills the table of names and shapes of `layer` (no data yet). */
 static dsv4_status set_shapes(dsv4_weights *w, const dsv4_config *cfg, int layer) {
   dsv4_status rc = DSV4_OK;
+  DSV4_TRY(dsv4_config_in(&w->cfg, cfg));
+  cfg = &w->cfg;
   DSV4_TRY(dsv4_config_validate(cfg));
   int r = dsv4_config_ratio(cfg, layer);
   DSV4_CHECK(r >= 0, DSV4_ERR_ARG, "layer %d out of range (config has %d layers)", layer, cfg->n_layers);
-  w->cfg = *cfg;
   w->layer = layer;
   w->ratio = r;
   snprintf(w->prefix, sizeof w->prefix, "layers.%d.", layer);
@@ -159,7 +161,9 @@ dsv4_status dsv4_weights_get(const dsv4_weights *w, int i, dsv4_tensor *t) {
   dsv4_status rc = DSV4_OK;
   int id = nth_present(w, i);
   DSV4_CHECK(id >= 0, DSV4_ERR_ARG, "weights: tensor index %d out of range", i);
-  *t = w->t[id];
+  dsv4_tensor full = w->t[id];
+  full.struct_size = sizeof full;
+  DSV4_TRY(DSV4_STRUCT_OUT(t, &full, dsv4_tensor));
 fail:
   return rc;
 }

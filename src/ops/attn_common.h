@@ -10,7 +10,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include "dsv4cp.h"
+#include "dsv4cp_ops.h"
 #include "util/reduce.h"
 
 /* exp(x) for x <= 0 (callers subtract a maximum first), relative error below 1e-7.

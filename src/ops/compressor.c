@@ -108,6 +108,7 @@ dsv4_status dsv4_compress(const dsv4_compress_args *a) {
   DSV4_TRY(dsv4_ws_alloc(&ws, pool_carve(NULL, D, &sc), nt, "compressor"));
 #pragma omp parallel num_threads(nt) private(sc)
   {
+    dsv4_blas_serial();
     pool_carve(dsv4_ws_thread(&ws), D, &sc);
 #pragma omp for schedule(static)
     for (int64_t s = 0; s < a->n_slots; s++) {
@@ -142,6 +143,7 @@ dsv4_status dsv4_compress_bwd(const dsv4_compress_bwd_args *b) {
   DSV4_TRY(dsv4_ws_alloc(&ws, pool_carve(NULL, D, &sc), nt, "compressor backward"));
 #pragma omp parallel num_threads(nt) private(sc)
   {
+    dsv4_blas_serial();
     pool_carve(dsv4_ws_thread(&ws), D, &sc);
     float *dape = priv + (size_t)dsv4_thread_id() * (n_ape + D), *dnorm = dape + n_ape;
     float *m = sc.m, *den = sc.den, *pooled = sc.pooled, *dp = sc.dp;

@@ -10,7 +10,7 @@
 #define DSV4_COMPRESSOR_H
 
 #include <stdint.h>
-#include "dsv4cp.h"
+#include "dsv4cp_ops.h"
 #include "rope.h"
 
 typedef struct {

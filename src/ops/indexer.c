@@ -35,11 +35,12 @@ dsv4_status dsv4_lightning_indexer(const dsv4_indexer_args *a) {
   const int Hi = a->Hi, Di = a->Di;
   int64_t nmax = 1;
   for (int64_t p = 0; p < a->S1; p++) nmax = a->vis_count[p] > nmax ? a->vis_count[p] : nmax;
-  const int nt = dsv4_nthreads();
+  const int nt = dsv4_team(a->threads);
   idx_scratch sc;
   DSV4_TRY(dsv4_ws_alloc(&ws, idx_carve(NULL, Hi, nmax, &sc), nt, "lightning_indexer"));
 #pragma omp parallel num_threads(nt) private(sc)
   {
+    dsv4_blas_serial();
     idx_carve(dsv4_ws_thread(&ws), Hi, nmax, &sc);
     float *S = sc.S, *score = sc.score;
     dsv4_scored *v = sc.v;

@@ -4,7 +4,7 @@
 #define DSV4_KERNELS_H
 
 #include "compressor.h"
-#include "dsv4cp.h"
+#include "dsv4cp_ops.h"
 
 typedef struct {
   dsv4_status (*compress)(const dsv4_compress_args *);

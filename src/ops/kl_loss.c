@@ -118,7 +118,7 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
     int64_t n = a->dense ? a->vis_count[p] : a->topk;
     nmax = n > nmax ? n : nmax;
   }
-  const int nt = dsv4_nthreads();
+  const int nt = dsv4_team(a->threads);
   DSV4_ALLOC(terms, a->S1 + 1);
   if (a->d_k_idx) DSV4_ALLOC(priv, (nt - 1) * a->C * Di + 1);
   kl_scratch sc;
@@ -126,6 +126,7 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
   int64_t valid = 0;
 #pragma omp parallel num_threads(nt) reduction(+ : valid) private(sc)
   {
+    dsv4_blas_serial();
     const int tid = dsv4_thread_id();
     float *dk = !a->d_k_idx ? NULL : tid ? priv + (tid - 1) * a->C * Di : a->d_k_idx;
     kl_carve(dsv4_ws_thread(&ws), a, nmax, &sc);

@@ -3,7 +3,7 @@
 #ifndef DSV4_PLACEMENT_H
 #define DSV4_PLACEMENT_H
 
-#include "dsv4cp.h"
+#include "dsv4cp_ops.h"
 
 /* Infer rule of sparse_attn_sharedkv plus: a WINDOW(h) ori_kv has exactly S1 + h rows. */
 dsv4_status dsv4_attn_layout_check(const dsv4_attn_args *a, int nranks, const dsv4_placement in[5]);

@@ -8,7 +8,7 @@
 #define DSV4_ROPE_H
 
 #include <stdint.h>
-#include "dsv4cp.h"
+#include "dsv4cp_ops.h"
 
 typedef struct {
   int R;            /* rotated dims (qk_rope_head_dim) */

@@ -107,11 +107,12 @@ dsv4_status dsv4_sparse_attn_window_progress(const dsv4_attn_args *a, float *m_w
   DSV4_TRY(dsv4_attn_check(a));
   const int H = a->H, D = a->D;
   const int64_t nwmax = max_win(a);
-  const int nt = dsv4_nthreads();
+  const int nt = dsv4_team(a->threads);
   float *S = NULL;
   DSV4_TRY(dsv4_ws_alloc(&ws, win_carve(NULL, H, nwmax, &S), nt, "sparse_attn"));
 #pragma omp parallel num_threads(nt) private(S)
   {
+    dsv4_blas_serial();
     win_carve(dsv4_ws_thread(&ws), H, nwmax, &S);
 #pragma omp for schedule(dynamic, PROGRESS_EVERY)
     for (int64_t p = 0; p < a->S1; p++) {
@@ -149,11 +150,12 @@ dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, c
   DSV4_TRY(dsv4_attn_check(a));
   const int H = a->H, D = a->D;
   const int64_t ncmax = dsv4_attn_max_cmp(a);
-  const int nt = dsv4_nthreads();
+  const int nt = dsv4_team(a->threads);
   fwd_scratch sc;
   DSV4_TRY(dsv4_ws_alloc(&ws, fwd_carve(NULL, a, ncmax, &sc), nt, "sparse_attn"));
 #pragma omp parallel num_threads(nt) private(sc)
   {
+    dsv4_blas_serial();
     fwd_carve(dsv4_ws_thread(&ws), a, ncmax, &sc);
     float *mc = sc.mc, *lc = sc.lc;
 #pragma omp for schedule(dynamic, 16)
@@ -249,7 +251,7 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
   const int H = a->H, D = a->D;
   const int64_t ncmax = dsv4_attn_max_cmp(a), nmax = (max_win(a) > ncmax ? max_win(a) : ncmax) + 1;
   const int64_t C = a->cmp_kv ? a->C : 0;
-  const int nt = dsv4_nthreads();
+  const int nt = dsv4_team(a->threads);
   /* Threads other than 0 accumulate key gradients privately; summed in thread order at the end. */
   const int64_t priv_n = a->R * D + C * D + H;
   DSV4_ALLOC(priv, (nt - 1) * priv_n + 1);
@@ -257,6 +259,7 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
   DSV4_TRY(dsv4_ws_alloc(&ws, bwd_carve(NULL, a, nmax, ncmax, &sc), nt, "sparse_attn backward"));
 #pragma omp parallel num_threads(nt) private(sc)
   {
+    dsv4_blas_serial();
     const int tid = dsv4_thread_id();
     float *d_ori = tid ? priv + (tid - 1) * priv_n : b->d_ori_kv;
     float *d_cmp = tid ? d_ori + a->R * D : b->d_cmp_kv;

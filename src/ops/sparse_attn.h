@@ -4,7 +4,7 @@
 #ifndef DSV4_SPARSE_ATTN_H
 #define DSV4_SPARSE_ATTN_H
 
-#include "dsv4cp.h"
+#include "dsv4cp_ops.h"
 
 /* Window keys only: out <- unnormalised sum_j e^{z_j - m_w} k_j, m_w = max_j z_j, l_w = sum e^{..}.
  * m_w, l_w: [S1, H]. cmp_* and sink are not read. */

@@ -7,11 +7,11 @@
 #include "model/weights.h"
 #include "plan.h"
 #include "shard.h"
+#include "util/abi.h"
 #include "util/err.h"
 
-dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
-                                const dsv4_cp_config *cp, const dsv4_plan_opts *opts, int rank, int size,
-                                dsv4_memory_plan *out) {
+static dsv4_status plan_memory(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_cp_config *cp,
+                               const dsv4_plan_opts *opts, int rank, int size, dsv4_memory_plan *out) {
   dsv4_status rc = DSV4_OK;
   dsv4_plan p = {0};
   dsv4_plan_key key = {0};
@@ -45,5 +45,28 @@ dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_pa
 fail:
   if (have) dsv4_plan_free(&p);
   dsv4_plan_key_free(&key);
+  return rc;
+}
+
+dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                const dsv4_cp_config *cp, const dsv4_plan_opts *opts, int rank, int size,
+                                dsv4_memory_plan *out) {
+  static const dsv4_cp_config cp_defaults = DSV4_CP_CONFIG_INIT;
+  static const dsv4_plan_opts opt_defaults = DSV4_PLAN_OPTS_INIT;
+  dsv4_status rc = DSV4_OK;
+  dsv4_config c;
+  dsv4_packing p;
+  dsv4_cp_config k = cp_defaults;
+  dsv4_plan_opts o = opt_defaults;
+  dsv4_memory_plan m;
+  DSV4_CHECK(cfg && pk && out, DSV4_ERR_ARG, "plan: NULL argument");
+  DSV4_TRY(dsv4_config_in(&c, cfg));
+  DSV4_TRY(DSV4_STRUCT_IN(&p, pk, dsv4_packing, NULL));
+  if (cp) DSV4_TRY(DSV4_STRUCT_IN(&k, cp, dsv4_cp_config, &cp_defaults));
+  if (opts) DSV4_TRY(DSV4_STRUCT_IN(&o, opts, dsv4_plan_opts, &opt_defaults));
+  DSV4_TRY(DSV4_STRUCT_CHECK(out, dsv4_memory_plan));
+  DSV4_TRY(plan_memory(&c, layer, &p, &k, &o, rank, size, &m));
+  DSV4_TRY(DSV4_STRUCT_OUT(out, &m, dsv4_memory_plan));
+fail:
   return rc;
 }

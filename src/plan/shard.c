@@ -6,6 +6,7 @@
  * holds [4,8) and [8,12). Contiguous: rank 0 [0,8), rank 1 [8,16). */
 #include "shard.h"
 
+#include "util/abi.h"
 #include "util/err.h"
 
 dsv4_status dsv4_shard_segments(const dsv4_packing *pk, dsv4_split split, int rank, int size, dsv4_range **segs,
@@ -62,11 +63,16 @@ fail:
 
 dsv4_status dsv4_cp_shard_rows(const dsv4_packing *pk, const dsv4_cp_config *cfg, int rank, int size,
                                int64_t *rows, int64_t *n) {
+  static const dsv4_cp_config cp_defaults = DSV4_CP_CONFIG_INIT;
   dsv4_status rc = DSV4_OK;
   dsv4_range *segs = NULL;
+  dsv4_packing p;
+  dsv4_cp_config cp = cp_defaults;
   int ns = 0;
   DSV4_CHECK(n, DSV4_ERR_ARG, "shard rows: NULL n");
-  DSV4_TRY(dsv4_shard_segments(pk, cfg ? cfg->split : DSV4_SPLIT_CONTIGUOUS, rank, size, &segs, &ns));
+  DSV4_TRY(DSV4_STRUCT_IN(&p, pk, dsv4_packing, NULL));
+  if (cfg) DSV4_TRY(DSV4_STRUCT_IN(&cp, cfg, dsv4_cp_config, &cp_defaults));
+  DSV4_TRY(dsv4_shard_segments(&p, cp.split, rank, size, &segs, &ns));
   int64_t k = 0;
   for (int s = 0; s < ns; s++)
     for (int64_t i = 0; i < segs[s].len; i++, k++)

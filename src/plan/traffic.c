@@ -6,6 +6,7 @@
 
 #include "cp/exchange.h"
 #include "plan.h"
+#include "util/abi.h"
 #include "util/err.h"
 
 /* Everything planned; the layouts of all ranks are built once. */
@@ -55,8 +56,8 @@ fail:
   return rc;
 }
 
-dsv4_status dsv4_cp_plan_traffic_all(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
-                                     const dsv4_cp_config *cp, int size, dsv4_cp_stats *out) {
+static dsv4_status traffic_all(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_cp_config *cp,
+                               int size, dsv4_cp_stats *out) {
   dsv4_status rc = DSV4_OK;
   plan_ctx p = {0};
   DSV4_CHECK(cfg && pk && out && size >= 1, DSV4_ERR_ARG, "plan: bad arguments");
@@ -103,14 +104,45 @@ fail:
   return rc;
 }
 
+/* The caller's structs as full library structs (util/abi.h); out: the caller's array, whose stride is
+ * its first element's struct_size. */
+dsv4_status dsv4_cp_plan_traffic_all(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                     const dsv4_cp_config *cp, int size, dsv4_cp_stats *out) {
+  static const dsv4_cp_config cp_defaults = DSV4_CP_CONFIG_INIT;
+  dsv4_status rc = DSV4_OK;
+  dsv4_config c;
+  dsv4_packing p;
+  dsv4_cp_config k = cp_defaults;
+  dsv4_cp_stats *all = NULL;
+  DSV4_CHECK(cfg && pk && out && size >= 1, DSV4_ERR_ARG, "plan: bad arguments");
+  DSV4_TRY(dsv4_config_in(&c, cfg));
+  DSV4_TRY(DSV4_STRUCT_IN(&p, pk, dsv4_packing, NULL));
+  if (cp) DSV4_TRY(DSV4_STRUCT_IN(&k, cp, dsv4_cp_config, &cp_defaults));
+  DSV4_TRY(DSV4_STRUCT_CHECK(out, dsv4_cp_stats));
+  const size_t stride = out->struct_size;
+  DSV4_ALLOC(all, size);
+  DSV4_TRY(traffic_all(&c, layer, &p, &k, size, all));
+  for (int q = 0; q < size; q++) {
+    dsv4_cp_stats *dst = (dsv4_cp_stats *)((char *)out + stride * (size_t)q);
+    dst->struct_size = (uint32_t)stride;
+    dst->struct_version = DSV4_STRUCT_VERSION;
+    DSV4_TRY(DSV4_STRUCT_OUT(dst, &all[q], dsv4_cp_stats));
+  }
+fail:
+  free(all);
+  return rc;
+}
+
 dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
                                  const dsv4_cp_config *cp, int rank, int size, dsv4_cp_stats *out) {
   dsv4_status rc = DSV4_OK;
   dsv4_cp_stats *all = NULL;
   DSV4_CHECK(cfg && pk && out && size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "plan: bad arguments");
+  DSV4_TRY(DSV4_STRUCT_CHECK(out, dsv4_cp_stats));
   DSV4_ALLOC(all, size);
+  for (int q = 0; q < size; q++) all[q] = (dsv4_cp_stats)DSV4_CP_STATS_INIT;
   DSV4_TRY(dsv4_cp_plan_traffic_all(cfg, layer, pk, cp, size, all));
-  *out = all[rank];
+  DSV4_TRY(DSV4_STRUCT_OUT(out, &all[rank], dsv4_cp_stats));
 fail:
   free(all);
   return rc;

@@ -28,9 +28,8 @@
 dsv4_status dsv4__err(dsv4_status st, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Copies src into dst (capacity cap, always NUL-terminated) with every byte < 0x20 or >= 0x7f
- * written as \xNN; truncates only between whole characters/escapes. Returns dst. */
-char *dsv4_escape(char *dst, size_t cap, const char *src);
+/* dsv4_escape (dsv4cp_io.h) truncates only between whole characters / escapes. */
+#include "dsv4cp_io.h"
 
 #define DSV4_FAIL(st, ...)                                                   \
   do {                                                                       \

@@ -117,6 +117,7 @@ dsv4_status dsv4_proj_rows(float *Y, int64_t ldy, const float *X, int64_t ldx, c
   DSV4_TRY(dsv4_ws_alloc(&ws, partial ? panel_carve(NULL, P, N, K, &xs, &ys) : 0, nt, "projection"));
 #pragma omp parallel num_threads(nt) private(xs, ys)
   {
+    dsv4_blas_serial();
     xs = ys = NULL;
     if (partial) panel_carve(dsv4_ws_thread(&ws), P, N, K, &xs, &ys);
 #pragma omp for schedule(dynamic, 1)

@@ -40,9 +40,6 @@ dsv4_status dsv4_proj_rows(float *Y, int64_t ldy, const float *X, int64_t ldx, c
                            int64_t n, int64_t N, int64_t K, const int64_t *glob, int64_t P,
                            dsv4_impl impl);
 
-/* 1 when this BLAS gives a row the same bits at any position of a fixed-shape, single-threaded
- * call (so that CP = N can be bitwise equal to CP = 1); tests use it to decide whether to demand
- * bitwise equality. */
-int dsv4_blas_probe_invariance(void);
+/* dsv4_blas_probe_invariance is public (dsv4cp.h). */
 
 #endif

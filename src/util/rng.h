@@ -26,7 +26,7 @@ static inline uint64_t dsv4_name_stream(const char *s) {
   return h;
 }
 
-/* dst[j] = scale * uniform(seed, stream, offset + j) for j < n. */
-void dsv4_random_fill(float *dst, int64_t n, uint64_t seed, uint64_t stream, int64_t offset, float scale);
+/* dsv4_random_fill and dsv4_random_stream (= dsv4_name_stream) are public: dsv4cp_io.h. */
+#include "dsv4cp_io.h"
 
 #endif

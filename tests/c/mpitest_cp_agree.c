@@ -20,6 +20,7 @@ typedef struct {
 
 static int make(setup *s, int window, MPI_Comm world) {
   memset(s, 0, sizeof *s);
+  s->cfg = (dsv4_config)DSV4_CONFIG_INIT;
   if (dsv4_config_preset(&s->cfg, "tiny") != DSV4_OK) return 0;
   s->cfg.window = window;
   return dsv4_weights_create(&s->w, &s->cfg, 1) == DSV4_OK && dsv4_weights_init_random(s->w, 7) == DSV4_OK &&
@@ -40,8 +41,8 @@ static dsv4_status forward(setup *s, const int32_t *cu, int n_docs, int64_t n_lo
   int32_t *topk = calloc((size_t)(n_local * s->cfg.index_topk), sizeof(int32_t));
   float loss = 0;
   tu_fill(x, n_local * s->cfg.dim, 3, 1.0f);
-  dsv4_packing pk = {.cu_seqlens = cu, .n_docs = n_docs, .T = T_TOKENS};
-  dsv4_status st = dsv4_layer_forward(s->l, out, topk, &loss, x, n_local, &pk, 0);
+  dsv4_packing pk = {DSV4_HEAD(dsv4_packing), .cu_seqlens = cu, .n_docs = n_docs, .T = T_TOKENS};
+  dsv4_status st = tu_forward(s->l, out, topk, &loss, x, n_local, &pk, 0);
   snprintf(msg, 256, "%s", st == DSV4_OK ? "ok" : dsv4_last_error());
   free(x), free(out), free(topk);
   return st;

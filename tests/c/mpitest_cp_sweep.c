@@ -116,8 +116,8 @@ static dsv4_status run(const dsv4_config *cfg, const packing *p, const dsv4_weig
   dsv4_status st = DSV4_OK;
   dsv4_layer *l = NULL;
   float *x = NULL, *dout = NULL;
-  const dsv4_packing pk = {p->cu, p->real, p->n_docs, p->T, p->batched};
-  const dsv4_cp_config cp = {p->split, 1};
+  const dsv4_packing pk = TU_PACKING(p->cu, p->real, p->n_docs, p->T, p->batched);
+  const dsv4_cp_config cp = {DSV4_HEAD(dsv4_cp_config), .split = p->split, .overlap = 1};
   const int64_t d = cfg->dim, k = cfg->index_topk;
   memset(r, 0, sizeof *r);
   const int size = comm ? p->N : 1;
@@ -139,8 +139,8 @@ static dsv4_status run(const dsv4_config *cfg, const packing *p, const dsv4_weig
   if (comm && p->recompute && (st = dsv4_layer_set_recompute(l, 1)) != DSV4_OK) goto done;
   if (comm && (st = dsv4_cp_patch(dsv4_layer_core(l), comm, &cp)) != DSV4_OK) goto done;
   if ((st = dsv4_weights_create(&r->grads, cfg, p->layer)) != DSV4_OK) goto done;
-  if ((st = dsv4_layer_forward(l, r->out, r->topk, &r->loss, x, r->n, &pk, 1)) != DSV4_OK) goto done;
-  if ((st = dsv4_layer_backward(l, r->dx, r->grads, dout, 1.0f)) != DSV4_OK) goto done;
+  if ((st = tu_forward(l, r->out, r->topk, &r->loss, x, r->n, &pk, 1)) != DSV4_OK) goto done;
+  if ((st = tu_backward(l, r->dx, r->grads, dout, 1.0f)) != DSV4_OK) goto done;
   if (comm) st = dsv4_cp_allreduce_grads(comm, r->grads);
 done:
   dsv4_layer_free(l);
@@ -178,7 +178,7 @@ static void compare(const dsv4_config *cfg, const packing *p, const result *one,
     snprintf(why, cap, "indexer loss %.9g vs %.9g", cp->loss, one->loss);
   if (!why[0] && !(worst_dx <= TOL_DX)) snprintf(why, cap, "dx rel %.3g > %g", worst_dx, TOL_DX);
   for (int t = 0; t < dsv4_weights_count(cp->grads) && !why[0]; t++) {
-    dsv4_tensor a, b;
+    dsv4_tensor a = DSV4_TENSOR_INIT, b = DSV4_TENSOR_INIT;
     if (dsv4_weights_get(cp->grads, t, &a) != DSV4_OK || dsv4_weights_get(one->grads, t, &b) != DSV4_OK) {
       snprintf(why, cap, "gradient %d missing", t);
       break;
@@ -204,7 +204,7 @@ int main(int argc, char **argv) {
     const int64_t pieces = p.split == DSV4_SPLIT_ZIGZAG ? 2 * p.N : p.N;
     const int64_t unit = p.batched ? p.cu[1] : p.T;
     if (unit % pieces) p.split = DSV4_SPLIT_CONTIGUOUS; /* N was clamped to the world size */
-    dsv4_config cfg;
+    dsv4_config cfg = DSV4_CONFIG_INIT;
     dsv4_weights *w = NULL;
     char why[256] = "";
     int ok = dsv4_config_preset(&cfg, "tiny") == DSV4_OK;

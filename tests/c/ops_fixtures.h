@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dsv4cp.h"
+#include "dsv4cp_ops.h"
 #include "ops/compressor.h"
 #include "ops/rope.h"
 #include "testutil.h"
@@ -171,7 +171,7 @@ static inline void attn_bind(attn_prob *P) {
   P->a = (dsv4_attn_args){P->out, P->lse, P->q, P->ori_kv, P->win_start, P->win_len, P->cmp_kv,
                           P->cmp_ids, P->cmp_begin, P->cmp_count, P->sink, sp->S1, P->R, sp->C,
                           sp->H, sp->D, sp->mode == CMP_IDS ? sp->n_ids : 0,
-                          (float)(1.0 / sqrt(sp->D)), NULL, NULL, 0};
+                          (float)(1.0 / sqrt(sp->D)), NULL, NULL, 0, 0};
 }
 
 static inline void attn_make(attn_prob *P, const attn_spec *sp) {
@@ -323,7 +323,7 @@ typedef struct {
 static inline void idx_bind(idx_prob *P) {
   const idx_spec *s = &P->sp;
   P->a = (dsv4_indexer_args){P->ids, P->scores, P->q_idx, P->k_idx, P->weights, P->vis_begin,
-                             P->vis_count, s->S1, s->C, s->Hi, s->Di, s->topk};
+                             P->vis_count, s->S1, s->C, s->Hi, s->Di, s->topk, 0};
 }
 
 /* Values in {-2, ..., 2} (exact mode inputs). */
@@ -410,7 +410,7 @@ static inline void kl_bind(kl_prob *K, float grad_scale) {
   K->a = (dsv4_kl_args){&K->loss, &K->n_valid, K->loss_rows, K->d_q_idx, K->d_weights, K->d_k_idx,
                         K->q, K->cmp_kv, K->sel, K->ix.q_idx, K->ix.k_idx, K->ix.weights,
                         K->ix.vis_begin, K->ix.vis_count, s->S1, s->C, K->H, K->D, s->Hi, s->Di,
-                        s->topk, K->dense, (float)(1.0 / sqrt(K->D)), grad_scale, NULL, NULL};
+                        s->topk, K->dense, (float)(1.0 / sqrt(K->D)), grad_scale, NULL, NULL, 0};
 }
 
 static inline void kl_make(kl_prob *K, const idx_spec *sp, int H, int D, int dense, float grad_scale) {
@@ -502,7 +502,7 @@ typedef struct {
 } cmp_prob;
 
 static inline void cmp_bind(cmp_prob *P) {
-  dsv4_config cfg;
+  dsv4_config cfg = DSV4_CONFIG_INIT;
   dsv4_config_preset(&cfg, "tiny");
   P->a = (dsv4_compress_args){P->out, P->out_row, P->C, P->Z, P->ape, P->norm_w, P->cur_row,
                               P->prev_row, P->pos, &P->rope, P->sp.n_slots, P->sp.ratio, P->sp.D,
@@ -511,7 +511,7 @@ static inline void cmp_bind(cmp_prob *P) {
 
 /* RoPE tables of the tiny preset with rope_dim R for a layer of this ratio (YaRN for r > 0). */
 static inline void rope_make(dsv4_rope *r, int R, int ratio, int64_t n_pos) {
-  dsv4_config cfg;
+  dsv4_config cfg = DSV4_CONFIG_INIT;
   dsv4_config_preset(&cfg, "tiny");
   cfg.rope_dim = R;
   if (dsv4_rope_init(r, &cfg, ratio) != DSV4_OK || dsv4_rope_reserve(r, 0, n_pos) != DSV4_OK) {

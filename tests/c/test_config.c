@@ -14,7 +14,7 @@
 
 /* Parses text; expects status want and (on error) a message containing needle. */
 static void parse_case(const char *what, const char *text, dsv4_status want, const char *needle) {
-  dsv4_config c;
+  dsv4_config c = DSV4_CONFIG_INIT;
   dsv4_status st = dsv4_config_parse(&c, text);
   tu_check(st == want && (want == DSV4_OK || strstr(dsv4_last_error(), needle)), "config %s -> %s (%s)", what,
            dsv4_status_string(st), st == DSV4_OK ? "ok" : dsv4_last_error());
@@ -63,7 +63,7 @@ static int same_model(const dsv4_config *a, const dsv4_config *b) {
 
 /* Both namings, conflicts, the released files, quantization_config and range checks. */
 static void test_namings(void) {
-  dsv4_config flash, c;
+  dsv4_config flash = DSV4_CONFIG_INIT, c = DSV4_CONFIG_INIT;
   dsv4_config_preset(&flash, "flash");
   tu_check(flash.n_hidden_layers == 43 && flash.fp8_block[0] == 128 && flash.fp8_block[1] == 128,
            "config flash preset: 43 hidden layers (layer 43 is the MTP layer), 128 x 128 FP8 blocks");
@@ -158,7 +158,7 @@ static void test_namings(void) {
 
 int main(void) {
   test_namings();
-  dsv4_config c;
+  dsv4_config c = DSV4_CONFIG_INIT;
   const char *presets[] = {"flash", "pro", "tiny"};
   for (int i = 0; i < 3; i++) tu_ok(dsv4_config_preset(&c, presets[i]), presets[i]);
   dsv4_config_preset(&c, "flash");

@@ -21,11 +21,11 @@ static void shards(void) {
     int n;
     int64_t g0[2], len[2];
   } ex[] = {
-      {"contiguous T=16 N=2 rank 1", {NULL, NULL, 0, 16, 0}, DSV4_SPLIT_CONTIGUOUS, 1, 1, {8}, {8}},
-      {"zigzag T=16 N=2 rank 0 holds chunks 0 and 3", {NULL, NULL, 0, 16, 0}, DSV4_SPLIT_ZIGZAG, 0, 2, {0, 12}, {4, 4}},
-      {"zigzag T=16 N=2 rank 1 holds chunks 1 and 2", {NULL, NULL, 0, 16, 0}, DSV4_SPLIT_ZIGZAG, 1, 2, {4, 8}, {4, 4}},
-      {"batched B=2 S=8 N=2 rank 1: S/N of every sequence", {cu2, NULL, 2, 16, 1}, DSV4_SPLIT_CONTIGUOUS, 1, 2, {4, 12}, {4, 4}},
-      {"contiguous T=6 N=2 rank 1: any length, no alignment", {NULL, NULL, 0, 6, 0}, DSV4_SPLIT_CONTIGUOUS, 1, 1, {3}, {3}},
+      {"contiguous T=16 N=2 rank 1", TU_PACKING(NULL, NULL, 0, 16, 0), DSV4_SPLIT_CONTIGUOUS, 1, 1, {8}, {8}},
+      {"zigzag T=16 N=2 rank 0 holds chunks 0 and 3", TU_PACKING(NULL, NULL, 0, 16, 0), DSV4_SPLIT_ZIGZAG, 0, 2, {0, 12}, {4, 4}},
+      {"zigzag T=16 N=2 rank 1 holds chunks 1 and 2", TU_PACKING(NULL, NULL, 0, 16, 0), DSV4_SPLIT_ZIGZAG, 1, 2, {4, 8}, {4, 4}},
+      {"batched B=2 S=8 N=2 rank 1: S/N of every sequence", TU_PACKING(cu2, NULL, 2, 16, 1), DSV4_SPLIT_CONTIGUOUS, 1, 2, {4, 12}, {4, 4}},
+      {"contiguous T=6 N=2 rank 1: any length, no alignment", TU_PACKING(NULL, NULL, 0, 6, 0), DSV4_SPLIT_CONTIGUOUS, 1, 1, {3}, {3}},
   };
   for (size_t i = 0; i < sizeof ex / sizeof ex[0]; i++) {
     dsv4_range *s = NULL;
@@ -36,7 +36,7 @@ static void shards(void) {
     tu_check(ok, "shard: %s", ex[i].what);
     free(s);
   }
-  dsv4_packing pk = {NULL, NULL, 0, 18, 0};
+  dsv4_packing pk = TU_PACKING(NULL, NULL, 0, 18, 0);
   dsv4_range *s = NULL;
   int n = 0;
   dsv4_status st = dsv4_shard_segments(&pk, DSV4_SPLIT_CONTIGUOUS, 0, 4, &s, &n);
@@ -47,7 +47,7 @@ static void shards(void) {
   tu_check(st == DSV4_ERR_ARG && strstr(dsv4_last_error(), "multiple of 8") && strstr(dsv4_last_error(), "zigzag"),
            "shard: zigzag T = 12 over 4 ranks needs a multiple of 8 (%s)", dsv4_last_error());
   int32_t cub[3] = {0, 64, 128};
-  dsv4_packing bad = {cub, NULL, 2, 100, 1};
+  dsv4_packing bad = TU_PACKING(cub, NULL, 2, 100, 1);
   st = dsv4_shard_segments(&bad, DSV4_SPLIT_CONTIGUOUS, 0, 2, &s, &n);
   tu_check(st == DSV4_ERR_ARG && strstr(dsv4_last_error(), "T = 100"), "shard: a batch whose cu_seqlens disagree with T (%s)",
            dsv4_last_error());
@@ -60,7 +60,7 @@ static void shards(void) {
 /* Every rank's layout of a packing (caller frees with free_all); NULL when the packing is refused. */
 static dsv4_layout *layouts(const int32_t *cu, const int32_t *real, int n_docs, int T, int r, int N, int W,
                             dsv4_split split, dsv4_docs *docs) {
-  dsv4_packing pk = {cu, real, n_docs, T, 0};
+  dsv4_packing pk = TU_PACKING(cu, real, n_docs, T, 0);
   if (!tu_ok(dsv4_docs_build(docs, &pk, r), "packing accepted")) return NULL;
   dsv4_layout *lays = NULL;
   int ok = dsv4_layouts_all(docs, &pk, split, N, W, &lays) == DSV4_OK;
@@ -262,7 +262,7 @@ static void plans(void) {
 /* The slot count of any token range is a difference of slots_before (plan/docs.h example). */
 static void slot_ids(void) {
   const int32_t cu[3] = {0, 10, 17}, real[2] = {10, 6};
-  dsv4_packing pk = {cu, real, 2, 17, 0};
+  dsv4_packing pk = TU_PACKING(cu, real, 2, 17, 0);
   dsv4_docs d;
   if (!tu_ok(dsv4_docs_build(&d, &pk, 4), "packing of 10 + 7 (6 real) tokens accepted")) return;
   const int64_t g[6] = {0, 4, 8, 13, 14, 17}, want[6] = {0, 1, 2, 2, 3, 3};

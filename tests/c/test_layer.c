@@ -27,6 +27,7 @@ typedef struct {
 
 static int setup(fixture *f, int layer, int batched) {
   memset(f, 0, sizeof *f);
+  f->cfg = (dsv4_config)DSV4_CONFIG_INIT;
   if (!tu_ok(dsv4_config_preset(&f->cfg, "tiny"), "tiny preset")) return 0;
   const int64_t d = f->cfg.dim;
   const int large = f->cfg.compress_ratios[layer] == 128;
@@ -40,9 +41,9 @@ static int setup(fixture *f, int layer, int batched) {
   tu_fill(f->x, f->T * d, 11, 1.0f);
   tu_fill(f->dout, f->T * d, 12, 1.0f);
   if (batched)
-    f->pk = (dsv4_packing){large ? CU_BL : CU_BS, NULL, large ? 3 : 2, f->T, 1};
+    f->pk = TU_PACKING(large ? CU_BL : CU_BS, NULL, large ? 3 : 2, f->T, 1);
   else
-    f->pk = large ? (dsv4_packing){CU_L, REAL_L, 2, f->T, 0} : (dsv4_packing){CU_S, REAL_S, 3, f->T, 0};
+    f->pk = large ? TU_PACKING(CU_L, REAL_L, 2, f->T, 0) : TU_PACKING(CU_S, REAL_S, 3, f->T, 0);
   return tu_ok(dsv4_weights_create(&f->w, &f->cfg, layer), "weights") && tu_ok(dsv4_weights_init_random(f->w, 5), "init") &&
          tu_ok(dsv4_weights_create(&f->g, &f->cfg, layer), "grads") &&
          tu_ok(dsv4_layer_create(&f->l, &f->cfg, layer, f->w), "layer");
@@ -58,13 +59,13 @@ static void teardown(fixture *f) {
 /* forward + backward; grads zeroed first */
 static int run(fixture *f) {
   dsv4_weights_zero(f->g);
-  return tu_ok(dsv4_layer_forward(f->l, f->out, f->topk, &f->loss, f->x, f->T, &f->pk, 1), "forward") &&
-         tu_ok(dsv4_layer_backward(f->l, f->dx, f->g, f->dout, 1.0f), "backward");
+  return tu_ok(tu_forward(f->l, f->out, f->topk, &f->loss, f->x, f->T, &f->pk, 1), "forward") &&
+         tu_ok(tu_backward(f->l, f->dx, f->g, f->dout, 1.0f), "backward");
 }
 
 /* Scalar objective sum(out * dout) + loss in double (for finite differences). */
 static double objective(fixture *f) {
-  if (dsv4_layer_forward(f->l, f->out, f->topk, &f->loss, f->x, f->T, &f->pk, 0) != DSV4_OK) return NAN;
+  if (tu_forward(f->l, f->out, f->topk, &f->loss, f->x, f->T, &f->pk, 0) != DSV4_OK) return NAN;
   double s = f->loss;
   for (int64_t i = 0; i < f->T * f->cfg.dim; i++) s += (double)f->out[i] * f->dout[i];
   return s;
@@ -81,7 +82,7 @@ static void fast_vs_naive(int layer, int batched) {
     tu_close("layer fast vs naive: out", a.out, b.out, a.T * a.cfg.dim, 1e-4, 1e-6);
     tu_close("layer fast vs naive: dx", a.dx, b.dx, a.T * a.cfg.dim, 1e-3, 1e-6);
     for (int i = 0; i < dsv4_weights_count(a.g); i++) {
-      dsv4_tensor ta, tb;
+      dsv4_tensor ta = DSV4_TENSOR_INIT, tb = DSV4_TENSOR_INIT;
       tu_ok(dsv4_weights_get(a.g, i, &ta), "weights_get");
       tu_ok(dsv4_weights_get(b.g, i, &tb), "weights_get");
       char name[128];
@@ -117,7 +118,7 @@ static void finite_differences(int layer, const char *tensor, int n_probe) {
     const float *g = strcmp(tensor, "x") ? dsv4_weights_find(f.g, tensor) : f.dx;
     int64_t n = strcmp(tensor, "x") ? 0 : f.T * f.cfg.dim;
     for (int i = 0; n == 0 && i < dsv4_weights_count(f.w); i++) {
-      dsv4_tensor t;
+      dsv4_tensor t = DSV4_TENSOR_INIT;
       tu_ok(dsv4_weights_get(f.w, i, &t), "weights_get");
       if (t.data == p) n = t.numel;
     }
@@ -146,12 +147,12 @@ static void finite_differences(int layer, const char *tensor, int n_probe) {
 static void call_order(void) {
   fixture f;
   if (!setup(&f, 1, 0)) return;
-  tu_check(dsv4_layer_backward(f.l, f.dx, f.g, f.dout, 1.0f) == DSV4_ERR_STATE, "layer backward before forward: %s",
+  tu_check(tu_backward(f.l, f.dx, f.g, f.dout, 1.0f) == DSV4_ERR_STATE, "layer backward before forward: %s",
            dsv4_last_error());
-  tu_ok(dsv4_layer_forward(f.l, f.out, f.topk, &f.loss, f.x, f.T, &f.pk, 0), "inference forward");
-  tu_check(dsv4_layer_backward(f.l, f.dx, f.g, f.dout, 1.0f) == DSV4_ERR_STATE,
+  tu_ok(tu_forward(f.l, f.out, f.topk, &f.loss, f.x, f.T, &f.pk, 0), "inference forward");
+  tu_check(tu_backward(f.l, f.dx, f.g, f.dout, 1.0f) == DSV4_ERR_STATE,
            "layer backward after an inference forward (train = 0) refused");
-  tu_check(dsv4_layer_forward(f.l, f.out, f.topk, &f.loss, f.x, f.T - 4, &f.pk, 0) == DSV4_ERR_ARG &&
+  tu_check(tu_forward(f.l, f.out, f.topk, &f.loss, f.x, f.T - 4, &f.pk, 0) == DSV4_ERR_ARG &&
                strstr(dsv4_last_error(), "rows"),
            "layer forward with x rows != T on one rank: %s", dsv4_last_error());
   teardown(&f);
@@ -163,19 +164,20 @@ static void cp_self(int layer) {
   fixture a, b;
   dsv4_comm *comm = NULL;
   if (!setup(&a, layer, 0) || !setup(&b, layer, 0) || !tu_ok(dsv4_comm_create_self(&comm), "comm")) return;
-  dsv4_cp_config cfg = {DSV4_SPLIT_CONTIGUOUS, 1};
+  dsv4_cp_config cfg = {DSV4_HEAD(dsv4_cp_config), .split = DSV4_SPLIT_CONTIGUOUS, .overlap = 1};
   if (tu_ok(dsv4_cp_patch(dsv4_layer_core(b.l), comm, &cfg), "patch") && run(&a) && run(&b)) {
     int same = !memcmp(a.out, b.out, sizeof(float) * a.T * a.cfg.dim) &&
                !memcmp(a.dx, b.dx, sizeof(float) * a.T * a.cfg.dim) && a.loss == b.loss;
     for (int i = 0; i < dsv4_weights_count(a.g); i++) {
-      dsv4_tensor ta, tb;
+      dsv4_tensor ta = DSV4_TENSOR_INIT, tb = DSV4_TENSOR_INIT;
       tu_ok(dsv4_weights_get(a.g, i, &ta), "weights_get");
       tu_ok(dsv4_weights_get(b.g, i, &tb), "weights_get");
       same &= !memcmp(ta.data, tb.data, sizeof(float) * (size_t)ta.numel);
     }
     tu_check(same, "layer %d: CP path on one rank equals the unpatched core bitwise (out, dx, loss, grads)", layer);
-    dsv4_cp_stats st;
-    const dsv4_cp_stats zero = {0};
+    dsv4_cp_stats st = DSV4_CP_STATS_INIT;
+    dsv4_cp_stats zero = DSV4_CP_STATS_INIT;
+    st = zero;
     tu_check(dsv4_cp_get_stats(dsv4_layer_core(b.l), &st) == DSV4_OK && !memcmp(&st, &zero, sizeof st) &&
                  dsv4_cp_get_stats(dsv4_layer_core(a.l), &st) == DSV4_OK && !memcmp(&st, &zero, sizeof st),
              "cp stats: one rank sends nothing, patched or not");
@@ -209,15 +211,15 @@ static void recompute_bitwise(int layer, int cp) {
     if (!ok) break;
     tu_fill(f[k].x, T * d, 21, 1.0f);
     tu_fill(f[k].dout, T * d, 22, 1.0f);
-    f[k].pk = (dsv4_packing){cu, real, 4, T, 0};
+    f[k].pk = TU_PACKING(cu, real, 4, T, 0);
     if (k == 1) ok = tu_ok(dsv4_layer_set_recompute(f[k].l, 1), "recompute on");
     if (ok && cp && !comm) ok = tu_ok(dsv4_comm_create_self(&comm), "comm");
-    const dsv4_cp_config cfg = {DSV4_SPLIT_CONTIGUOUS, 1};
+    const dsv4_cp_config cfg = {DSV4_HEAD(dsv4_cp_config), .split = DSV4_SPLIT_CONTIGUOUS, .overlap = 1};
     if (ok && cp) ok = tu_ok(dsv4_cp_patch(dsv4_layer_core(f[k].l), comm, &cfg), "patch");
     dsv4_weights_zero(f[k].g);
-    ok = ok && tu_ok(dsv4_layer_forward(f[k].l, f[k].out, f[k].topk, &f[k].loss, f[k].x, T, &f[k].pk, 1), "forward");
+    ok = ok && tu_ok(tu_forward(f[k].l, f[k].out, f[k].topk, &f[k].loss, f[k].x, T, &f[k].pk, 1), "forward");
     saved[k] = dsv4_layer_saved_bytes(f[k].l);
-    ok = ok && tu_ok(dsv4_layer_backward(f[k].l, f[k].dx, f[k].g, f[k].dout, 1.0f), "backward");
+    ok = ok && tu_ok(tu_backward(f[k].l, f[k].dx, f[k].g, f[k].dout, 1.0f), "backward");
   }
   if (ok) {
     const int64_t d = f[0].cfg.dim;
@@ -226,7 +228,7 @@ static void recompute_bitwise(int layer, int cp) {
     if (f[0].cfg.compress_ratios[layer] == 4)
       same &= !memcmp(f[0].topk, f[1].topk, sizeof(int32_t) * T * f[0].cfg.index_topk);
     for (int i = 0; i < dsv4_weights_count(f[0].g); i++) {
-      dsv4_tensor ta, tb;
+      dsv4_tensor ta = DSV4_TENSOR_INIT, tb = DSV4_TENSOR_INIT;
       if (dsv4_weights_get(f[0].g, i, &ta) != DSV4_OK || dsv4_weights_get(f[1].g, i, &tb) != DSV4_OK) same = 0;
       else same &= !memcmp(ta.data, tb.data, sizeof(float) * (size_t)ta.numel);
     }

@@ -60,7 +60,7 @@ static double spec_freq(const dsv4_config *c, int ratio, int i) {
  * checked at 8u. Untouched leading dims, position 0 and rotate-then-inverse are exact or 8u. */
 static void test_rope(void) {
   static const int RATIOS[] = {0, 4, 128}, RS[] = {2, 16, 64}, POS[] = {0, 1, 37, 1000, 4095};
-  dsv4_config cfg;
+  dsv4_config cfg = DSV4_CONFIG_INIT;
   dsv4_config_preset(&cfg, "tiny");
   for (int a = 0; a < 3; a++)
     for (int b = 0; b < 3; b++) {
@@ -790,7 +790,7 @@ static void test_diff_keeps_nan(void) {
  * own): a rotation at position p has the same bits whatever window holds p, and a window that
  * grows keeps its old entries. */
 static void test_rope_window(void) {
-  dsv4_config cfg;
+  dsv4_config cfg = DSV4_CONFIG_INIT;
   dsv4_rope a, b;
   if (!tu_ok(dsv4_config_preset(&cfg, "flash"), "flash preset")) return;
   if (!tu_ok(dsv4_rope_init(&a, &cfg, 4), "rope init") || !tu_ok(dsv4_rope_init(&b, &cfg, 4), "rope init")) return;

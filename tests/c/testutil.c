@@ -66,3 +66,24 @@ int tu_ok(dsv4_status st, const char *what) {
   tu_fail("%s: %s (%s)", what, dsv4_status_string(st), dsv4_last_error());
   return 0;
 }
+
+dsv4_status tu_forward(dsv4_layer *l, float *out, int32_t *topk, float *loss, const float *x, int64_t n,
+                       const dsv4_packing *pk, int train) {
+  const dsv4_layer_fwd_args a = {DSV4_HEAD(dsv4_layer_fwd_args), .out = out, .topk_ids = topk, .indexer_loss = loss,
+                                 .x = x, .n = n, .pk = pk, .train = train};
+  return dsv4_layer_forward(l, &a);
+}
+
+dsv4_status tu_backward(dsv4_layer *l, float *dx, dsv4_weights *g, const float *dout, float d_loss) {
+  const dsv4_layer_bwd_args a = {DSV4_HEAD(dsv4_layer_bwd_args), .dx = dx, .grads = g, .dout = dout, .d_loss = d_loss};
+  return dsv4_layer_backward(l, &a);
+}
+
+dsv4_tensor tu_tensor(const dsv4_weights *w, int i) {
+  dsv4_tensor t = DSV4_TENSOR_INIT;
+  if (dsv4_weights_get(w, i, &t) != DSV4_OK) {
+    tu_fail("dsv4_weights_get(%d): %s", i, dsv4_last_error());
+    t = (dsv4_tensor)DSV4_TENSOR_INIT;
+  }
+  return t;
+}

@@ -26,4 +26,14 @@ int tu_close(const char *name, const float *a, const float *b, int64_t n, double
 /* Checks a library status: "PASS what", or "FAIL what: status (the library's last error)". */
 int tu_ok(dsv4_status st, const char *what);
 
+/* A packing (the versioned struct, dsv4cp.h) from its five values. */
+#define TU_PACKING(cu, real, n, T_, b) \
+  ((dsv4_packing){DSV4_HEAD(dsv4_packing), .cu_seqlens = (cu), .seqlens_real = (real), .n_docs = (n), .T = (T_), .batched = (b)})
+/* The layer calls with their arguments spelled out (what most tests want). */
+dsv4_status tu_forward(dsv4_layer *l, float *out, int32_t *topk, float *loss, const float *x, int64_t n,
+                       const dsv4_packing *pk, int train);
+dsv4_status tu_backward(dsv4_layer *l, float *dx, dsv4_weights *g, const float *dout, float d_loss);
+/* The i-th tensor of a weight set (a failure is a FAIL line and a zeroed tensor). */
+dsv4_tensor tu_tensor(const dsv4_weights *w, int i);
+
 #endif
