@@ -17,6 +17,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "util/err.h"
@@ -251,37 +252,87 @@ static int cmp_offset(const void *a, const void *b) {
   return x->end < y->end ? -1 : x->end > y->end;
 }
 
-/* Reads and validates the header length, the JSON and every entry; then checks names and overlaps. */
 dsv4_status dsv4_st_open(dsv4_st_file **out, const char *path) {
+  dsv4_status rc = DSV4_OK;
+  int fd = -1;
+  uint64_t size;
+  DSV4_CHECK(out && path, DSV4_ERR_ARG, "dsv4_st_open: out and path must not be NULL");
+  *out = NULL;
+  DSV4_TRY(dsv4_open_regular(path, &fd, &size));
+  return dsv4_st_open_fd(out, fd, path);
+fail:
+  return rc;
+}
+
+/* Reads the header of n bytes at offset 8 into a fresh buffer, in chunks, refusing a NUL byte (no
+ * JSON text holds one) as soon as a chunk shows it: a sparse file declaring a huge header reads as
+ * zeros, so it costs one chunk, not the declared length. */
+static dsv4_status read_header(const dsv4_st_file *f, uint64_t n, char **out) {
+  dsv4_status rc = DSV4_OK;
+  char *buf = NULL;
+  size_t cap = 0;
+  for (uint64_t got = 0; got < n;) {
+    const size_t k = n - got < CHUNK_BYTES ? (size_t)(n - got) : CHUNK_BYTES;
+    if (got + k + 1 > cap) { /* doubling: a header is copied O(1) times on average */
+      size_t want = cap ? 2 * cap : CHUNK_BYTES + 1;
+      if (want > n + 1) want = (size_t)n + 1;
+      char *bigger = realloc(buf, want);
+      DSV4_CHECK(bigger, DSV4_ERR_NOMEM, "%s: out of memory for a %" PRIu64 "-byte header", f->path, n);
+      buf = bigger, cap = want;
+    }
+    DSV4_TRY(read_at(f, buf + got, k, 8 + got, "header"));
+    DSV4_CHECK(!memchr(buf + got, 0, k), DSV4_ERR_FORMAT, "%s: not a safetensors file: its header holds a NUL byte",
+               f->path);
+    DSV4_CHECK(got > 0 || buf[0] == '{', DSV4_ERR_FORMAT, "%s: not a safetensors file: its header is not an "
+               "object (JSON that starts with '{')", f->path);
+    got += k;
+  }
+  if (!buf) DSV4_ALLOC(buf, 1);
+  buf[n] = 0;
+  *out = buf;
+  buf = NULL;
+fail:
+  free(buf);
+  return rc;
+}
+
+/* Reads and validates the header length, the JSON and every entry; then checks names and overlaps.
+ * Nothing read from the file is quoted before the header has parsed as JSON: for a file that is
+ * not a safetensors file at all (a checkpoint entry pointing at /etc/passwd, say), the message
+ * says so without showing any of its bytes, not even as the "header length" number. */
+dsv4_status dsv4_st_open_fd(dsv4_st_file **out, int fd, const char *path) {
   dsv4_status rc = DSV4_OK;
   dsv4_st_file *f = NULL;
   char *hdr = NULL;
   cJSON *root = NULL;
   const dsv4_st_info **by_off = NULL;
-  DSV4_CHECK(out && path, DSV4_ERR_ARG, "dsv4_st_open: out and path must not be NULL");
+  struct stat st;
+  DSV4_CHECK(out && path && fd >= 0, DSV4_ERR_ARG, "dsv4_st_open_fd: out, path and a descriptor are required");
   *out = NULL;
   DSV4_ALLOC(f, 1);
-  f->fd = -1;
+  f->fd = fd;
+  fd = -1;
   f->path = strdup(path);
   DSV4_CHECK(f->path, DSV4_ERR_NOMEM, "%s: out of memory", path);
-  uint64_t fsize = 0, hlen = 0;
-  DSV4_TRY(dsv4_open_regular(path, &f->fd, &fsize));
+  DSV4_CHECK(fstat(f->fd, &st) == 0, DSV4_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+  DSV4_CHECK(S_ISREG(st.st_mode), DSV4_ERR_IO, "%s is %s, not a regular file", path, dsv4_file_kind(st.st_mode));
+  const uint64_t fsize = (uint64_t)st.st_size;
+  uint64_t hlen = 0;
   DSV4_CHECK(fsize >= 8, DSV4_ERR_FORMAT, "%s: file is %" PRIu64 " bytes, too short for a safetensors "
              "header", path, fsize);
   unsigned char len8[8];
   DSV4_TRY(read_at(f, len8, 8, 0, "header length"));
   for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];
-  DSV4_CHECK(hlen <= MAX_HEADER_BYTES, DSV4_ERR_FORMAT, "%s: header length %" PRIu64 " exceeds the "
-             "%u-byte limit (not a safetensors file?)", path, hlen, MAX_HEADER_BYTES);
-  DSV4_CHECK(hlen <= fsize - 8, DSV4_ERR_FORMAT, "%s: header length %" PRIu64 " exceeds the file size (%"
-             PRIu64 " bytes)", path, hlen, fsize);
+  DSV4_CHECK(hlen <= MAX_HEADER_BYTES, DSV4_ERR_FORMAT, "%s: not a safetensors file: header length implausible "
+             "(exceeds the %u-byte limit)", path, MAX_HEADER_BYTES);
+  DSV4_CHECK(hlen <= fsize - 8, DSV4_ERR_FORMAT, "%s: not a safetensors file: header length implausible (exceeds "
+             "the file size, %" PRIu64 " bytes)", path, fsize);
   f->data_start = 8 + hlen;
-  DSV4_ALLOC(hdr, hlen + 1);
-  DSV4_TRY(read_at(f, hdr, hlen, 8, "header"));
+  DSV4_TRY(read_header(f, hlen, &hdr));
   const char *end = NULL;
   root = cJSON_ParseWithLengthOpts(hdr, hlen, &end, 0);
-  DSV4_CHECK(root, DSV4_ERR_FORMAT, "%s: header is not valid JSON (error near byte %td of %" PRIu64 ")",
-             path, end ? end - hdr : 0, hlen);
+  DSV4_CHECK(root, DSV4_ERR_FORMAT, "%s: not a safetensors file: its header is not valid JSON (error near byte %td)",
+             path, end ? end - hdr : 0);
   for (; end < hdr + hlen; end++)
     DSV4_CHECK(*end && strchr(" \t\r\n", *end), DSV4_ERR_FORMAT,
                "%s: unexpected bytes after the JSON header at byte %td", path, end - hdr);
@@ -325,6 +376,7 @@ fail:
   cJSON_Delete(root);
   free(hdr);
   free(by_off);
+  if (fd >= 0) close(fd);
   if (rc != DSV4_OK) dsv4_st_close(f);
   return rc;
 }

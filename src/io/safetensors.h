@@ -46,6 +46,9 @@ int dsv4_dtype_size(dsv4_dtype dt);
 
 /* Opens and fully validates a file. */
 dsv4_status dsv4_st_open(dsv4_st_file **out, const char *path);
+/* The same on a descriptor already open for reading (the file takes it: closed by dsv4_st_close,
+ * or here on failure); path names the file in messages. */
+dsv4_status dsv4_st_open_fd(dsv4_st_file **out, int fd, const char *path);
 void dsv4_st_close(dsv4_st_file *f);
 int dsv4_st_count(const dsv4_st_file *f);
 const dsv4_st_info *dsv4_st_at(const dsv4_st_file *f, int i);
