@@ -364,7 +364,21 @@ uint64_t dsv4_ckpt_bytes(const dsv4_ckpt_tensor *t) {
   return (t->t ? t->t->end - t->t->begin : 0) + (t->scale ? t->scale->end - t->scale->begin : 0);
 }
 
-/* The scale tensor as floats (E8M0 decoded by bits); a NaN or infinite scale is an error. */
+/* 1 when f is a value E8M0 can hold: a power of two in [2^-127, 2^127], i.e. the exponent field
+ * 1..254 with no mantissa bits, or 2^-127 itself (E8M0 byte 0: the subnormal 0x00400000). Then
+ * every E4M3 value times f is exact in fp32; a smaller power of two could round it away. */
+#define E8M0_MIN_BITS 0x00400000u
+static int e8m0_value(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  const uint32_t e = u >> 23, m = u & 0x7fffffu; /* e includes the sign bit: a negative f fails */
+  return (e >= 1 && e <= 254 && m == 0) || u == E8M0_MIN_BITS;
+}
+
+/* The scale tensor as floats (E8M0 decoded by bits). V4's block scales are powers of two (ue8m0),
+ * which is what makes every dequantised weight exact: a NaN or infinite scale is an error, and so
+ * is an F32 / BF16 / F16 scale that is not a power of two E8M0 could hold (a file quantised another
+ * way, e.g. V3's amax / 448 scales, or a corrupted one), naming the scale and the element. */
 static dsv4_status read_scales(const dsv4_ckpt_tensor *t, float *dst) {
   dsv4_status rc = DSV4_OK;
   const dsv4_st_info *s = t->scale;
@@ -376,10 +390,14 @@ static dsv4_status read_scales(const dsv4_ckpt_tensor *t, float *dst) {
   } else {
     DSV4_TRY(dsv4_st_read_f32(t->scale_file, s, dst));
   }
-  for (int64_t i = 0; i < s->numel; i++)
+  for (int64_t i = 0; i < s->numel; i++) {
     DSV4_CHECK(isfinite(dst[i]), DSV4_ERR_TENSOR, "%s: scale '%s' [%" PRId64 ", %" PRId64 "] is %s%s",
                dsv4_st_path(t->scale_file), s->name, i / s->shape[1], i % s->shape[1],
                isnan(dst[i]) ? "NaN" : "infinite", raw ? " (E8M0 byte 0xff)" : "");
+    DSV4_CHECK(e8m0_value(dst[i]), DSV4_ERR_TENSOR, "%s: scale '%s' (%s) [%" PRId64 ", %" PRId64 "] is %.9g, not a "
+               "positive power of two in [2^-127, 2^127] (V4 block scales are ue8m0)", dsv4_st_path(t->scale_file),
+               s->name, s->dtype_name, i / s->shape[1], i % s->shape[1], (double)dst[i]);
+  }
 fail:
   free(raw);
   return rc;
@@ -413,8 +431,8 @@ static int decode_rows(float *dst, const uint8_t *raw, const float *lut, const f
 }
 
 /* W[n][k] = e4m3(Wq[n][k]) * S[n / b0][k / b1], read in chunks of whole rows. Each product is one
- * fp32 multiplication of two exactly decoded values: exact for power-of-two (E8M0) scales, the
- * correctly rounded product for F32 scales. Napkin math: per weight 1 byte read, one table lookup,
+ * fp32 multiplication of two exactly decoded values, exact because every scale is a power of two
+ * in E8M0's range (read_scales refuses any other). Napkin math: per weight 1 byte read, one table lookup,
  * one multiply, 4 bytes written; V4-Flash's CSA layer (~115 MB of FP8) decodes in ~0.1 s per core. */
 static dsv4_status dequant(const dsv4_ckpt_tensor *t, float *dst) {
   dsv4_status rc = DSV4_OK;
