@@ -5,7 +5,8 @@
  * with pread at 64-bit offsets (so concurrent reads of one file do not share a seek position).
  * Writer: builds the header with cJSON (keys in insertion order, integers written verbatim),
  * pads it with spaces so that the data area starts at a multiple of 8 bytes, and writes header
- * and data to a temporary file next to the target that is renamed over it only on success.
+ * and data through src/io/outfile.c: an unnamed file in the target's directory that takes the
+ * target's place only when complete.
  */
 #define _FILE_OFFSET_BITS 64
 #include "io/safetensors.h"
@@ -14,12 +15,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/outfile.h"
 #include "util/err.h"
 #include "util/fileio.h"
 
@@ -40,19 +41,6 @@ static const struct { const char *name; int bits; } dtypes[] = {
     {"BOOL", 8}, {"U8", 8}, {"I8", 8}, {"F8_E5M2", 8}, {"U16", 16}, {"I16", 16}, {"U32", 32}, {"U64", 64},
     {"C64", 64}, {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"F4", 4}};
 #define N_DTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
-
-/* Temporary files of saves in progress, for dsv4_st_remove_pending (a signal handler). A slot is
- * claimed with a compare-and-swap, filled, then published; the handler touches only published
- * slots. Like the last-error buffer, this is process state the library cannot avoid: a handler
- * has no other way to find the file. */
-#define PENDING_SLOTS 8
-#define PENDING_PATH 4096
-enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY };
-static struct {
-  atomic_int state;
-  char path[PENDING_PATH];
-} pending[PENDING_SLOTS];
-_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the pending-file registry needs lock-free atomics (signal safety)");
 
 struct dsv4_st_file {
   char *path;
@@ -621,30 +609,6 @@ fail:
   return rc;
 }
 
-/* Publishes tmp in a free registry slot; -1 when none is free or the path is too long (the save
- * then works the same, only a signal cannot remove its temporary). */
-static int pending_add(const char *tmp) {
-  if (strlen(tmp) >= PENDING_PATH) return -1;
-  for (int i = 0; i < PENDING_SLOTS; i++) {
-    int expect = SLOT_FREE;
-    if (atomic_compare_exchange_strong(&pending[i].state, &expect, SLOT_FILLING)) {
-      strcpy(pending[i].path, tmp);
-      atomic_store(&pending[i].state, SLOT_READY);
-      return i;
-    }
-  }
-  return -1;
-}
-
-static void pending_drop(int i) {
-  if (i >= 0) atomic_store(&pending[i].state, SLOT_FREE);
-}
-
-void dsv4_st_remove_pending(void) {
-  for (int i = 0; i < PENDING_SLOTS; i++)
-    if (atomic_load(&pending[i].state) == SLOT_READY) unlink(pending[i].path);
-}
-
 /* Writes a fill-based tensor: rows_per_call rows at a time through one staging buffer. */
 static dsv4_status write_rows(int fd, const writer_entry *e, const char *path) {
   dsv4_status rc = DSV4_OK;
@@ -663,25 +627,20 @@ fail:
   return rc;
 }
 
-/* Writes to "<path>.tmp<pid>.<k>" (mode 0666 & ~umask), fsyncs, then renames it over path. */
+/* Writes the file through dsv4_outfile (src/io/outfile.h): an unnamed file put in place only when
+ * complete (mode 0666 & ~umask), the old file intact until then. */
 dsv4_status dsv4_st_writer_save(dsv4_st_writer *w, const char *path) {
-  static atomic_uint counter;
   dsv4_status rc = DSV4_OK;
   unsigned char *hdr = NULL;
   uint16_t *buf = NULL;
-  char *tmp = NULL;
-  int fd = -1, created = 0, slot = -1;
-  size_t hlen = 0, tl = path ? strlen(path) + 48 : 0;
+  dsv4_outfile o = {.fd = -1, .dir_fd = -1, .slot = -1};
+  size_t hlen = 0;
   DSV4_CHECK(w && path && *path, DSV4_ERR_ARG, "dsv4_st_writer_save: writer and path are required");
   hdr = build_header(w, &hlen);
   DSV4_CHECK(hdr, DSV4_ERR_NOMEM, "%s: out of memory building the header", path);
   DSV4_ALLOC(buf, CHUNK_BYTES / 2);
-  DSV4_ALLOC(tmp, tl);
-  snprintf(tmp, tl, "%s.tmp%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
-  slot = pending_add(tmp); /* before the file exists: a signal in between finds nothing to remove */
-  fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  DSV4_CHECK(fd >= 0, DSV4_ERR_IO, "%s: cannot create temporary file '%s': %s", path, tmp, strerror(errno));
-  created = 1;
+  DSV4_TRY(dsv4_outfile_begin(&o, path));
+  const int fd = o.fd;
   DSV4_TRY(write_all(fd, hdr, hlen, path));
   for (int i = 0; i < w->n; i++) {
     const dsv4_st_info *t = &w->e[i].t;
@@ -701,19 +660,10 @@ dsv4_status dsv4_st_writer_save(dsv4_st_writer *w, const char *path) {
       DSV4_TRY(write_all(fd, buf, (size_t)n * 2, path));
     }
   }
-  DSV4_CHECK(fsync(fd) == 0, DSV4_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
-  int cr = close(fd);
-  fd = -1;
-  DSV4_CHECK(cr == 0, DSV4_ERR_IO, "%s: close failed: %s", path, strerror(errno));
-  DSV4_CHECK(rename(tmp, path) == 0, DSV4_ERR_IO, "%s: cannot rename '%s' over it: %s", path, tmp,
-             strerror(errno));
-  created = 0;
+  rc = dsv4_outfile_commit(&o);
 fail:
-  if (fd >= 0) close(fd);
-  if (created) unlink(tmp);
-  pending_drop(slot);
+  dsv4_outfile_discard(&o);
   free(hdr);
   free(buf);
-  free(tmp);
   return rc;
 }

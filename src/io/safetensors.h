@@ -82,13 +82,17 @@ dsv4_status dsv4_st_writer_add(dsv4_st_writer *w, const char *name, dsv4_dtype d
 typedef dsv4_status (*dsv4_st_fill_fn)(void *ctx, int64_t row0, int64_t n, void *dst);
 dsv4_status dsv4_st_writer_add_rows(dsv4_st_writer *w, const char *name, dsv4_dtype dtype, int ndim,
                                     const int64_t *shape, int64_t rows_per_call, dsv4_st_fill_fn fill, void *ctx);
-/* Writes to "<path>.tmp<pid>.<k>" and renames it over path on success (a failure leaves the old
- * file and no temporary). While it runs, the temporary's path is in the pending-file registry. */
+/* Writes the file and puts it at path only when complete (src/io/outfile.h): path must be absent
+ * or a regular file (a directory, device, FIFO or symbolic link is refused, before anything is
+ * written); a failure leaves the old file and no temporary. The contents go to an unnamed
+ * O_TMPFILE file, or where the filesystem lacks it to "<path>.tmp<pid>.<k>", whose path is then in
+ * the pending-file registry while the save runs. */
 dsv4_status dsv4_st_writer_save(dsv4_st_writer *w, const char *path);
 
-/* For a program's SIGINT/SIGTERM handler (the library installs none): unlinks the temporary file
- * of every dsv4_st_writer_save in progress. Async-signal-safe: it reads a fixed registry published
- * with lock-free atomics and calls only unlink(2). */
+/* For a program's SIGINT/SIGTERM handler (the library installs none): unlinks the named temporary
+ * file of every dsv4_st_writer_save in progress (an unnamed one needs nothing: the kernel frees
+ * it). Async-signal-safe: it reads a fixed registry published with lock-free atomics and calls
+ * only unlink(2). Implemented in src/io/outfile.c. */
 void dsv4_st_remove_pending(void);
 
 /* fp conversions (exposed for tests) */
