@@ -69,7 +69,7 @@ int cmd_run(cli_ctx *c, int argc, char **argv) {
   if (p == 1) return 0;
   if (p == 0 && !output) cli_error(c, "--output is required");
   if (!c->err[0]) cli_set_threads(c, threads);
-  if (!c->err[0]) job_check_output_path(c, output);
+  if (!c->err[0]) job_check_output_path(c, "--output", output);
   if (cli_sync(c)) return 1;
   progress prog;
   progress_start(&prog, c->rank, quiet, "dsv4cp run");

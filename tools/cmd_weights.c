@@ -162,7 +162,7 @@ int cmd_weights(cli_ctx *c, int argc, char **argv) {
   if (!c->err[0] && !layer_s) cli_error(c, "--layer is required");
   if (!c->err[0]) cli_int(c, "layer", layer_s, 0, cfg.n_layers - 1, &layer);
   if (!c->err[0] && export_path && !weights) cli_error(c, "--export needs --weights (the checkpoint to read)");
-  if (!c->err[0] && export_path) job_check_output_path(c, export_path);
+  if (!c->err[0] && export_path) job_check_output_path(c, "--export", export_path);
   if (cli_sync(c)) return 1;
   if (c->rank == 0) {
     dsv4_weights *w = NULL;

@@ -2,7 +2,6 @@
 #define _GNU_SOURCE
 #include "job.h"
 
-#include <libgen.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +9,7 @@
 #include <unistd.h>
 
 #include "dsv4cp_mpi.h"
+#include "io/outfile.h"
 #include "io/safetensors.h"
 #include "util/rng.h"
 
@@ -368,12 +368,10 @@ void job_gather_rows(cli_ctx *c, const job *j, const void *local, int64_t width,
   free(buf);
 }
 
-void job_check_output_path(cli_ctx *c, const char *path) {
-  if (c->rank != 0) return;
-  char *copy = strdup(path);
-  const char *dir = copy ? dirname(copy) : ".";
-  if (access(dir, W_OK) != 0) cli_error(c, "--output: directory '%s' does not exist or is not writable", dir);
-  free(copy);
+/* The library's rule (src/io/outfile.h), checked by rank 0, the one rank that writes (another
+ * rank's node may not even have that directory); cli_sync makes its error every rank's line. */
+void job_check_output_path(cli_ctx *c, const char *opt, const char *path) {
+  if (c->rank == 0 && dsv4_output_check(path) != DSV4_OK) cli_error(c, "%s: %s", opt, dsv4_last_error());
 }
 
 /* ---- streaming the results to rank 0's file ------------------------------------------------

@@ -87,7 +87,9 @@ void job_grad_name(const job *j, const char *short_name, char *buf, size_t n);
  * topk_ids and dx (job.keep_local results) to rank 0's writer, which never holds more than its own
  * rows and one 64 MiB chunk. A failure while the others are sending aborts the job. */
 void job_write(cli_ctx *c, const job *j, const job_result *r, const char *path);
-/* Rank 0: the output file can be created (so a long run does not fail at the very end). */
-void job_check_output_path(cli_ctx *c, const char *path);
+/* Rank 0, before any loading: the output file given by option opt ("--output") can be written
+ * there (dsv4_output_check: its directory is writable, the path is absent or a regular file), so a
+ * long run does not fail at the very end, nor replace a device, FIFO, directory or link. */
+void job_check_output_path(cli_ctx *c, const char *opt, const char *path);
 
 #endif
