@@ -35,11 +35,11 @@ int job_common_opts(job_opts *o, cli_opt *opts, job_cmd cmd) {
   opts[n++] = (cli_opt){"weights", "PATH", "the layer's tensors: .safetensors, model.safetensors.index.json or "
                         "a directory holding one (default: random from --seed)",
                         &o->weights, NULL};
-  opts[n++] = (cli_opt){"input", "FILE", "x [T, d] (+ cu_seqlens, seqlens_real) or x [B, S, d] (default: random "
-                        "from --seed)", &o->input, NULL};
+  opts[n++] = (cli_opt){"input", "FILE", "x [T, d] (+ cu_seqlens, seqlens_real) or x [B, S, d], F32, BF16 or F16 "
+                        "(default: random from --seed)", &o->input, NULL};
   if (cmd == JOB_CMD_RUN)
-    opts[n++] = (cli_opt){"grad-output", "FILE", "safetensors with dout (shape of out): run the backward too",
-                          &o->grad, NULL};
+    opts[n++] = (cli_opt){"grad-output", "FILE", "safetensors with dout (shape of out; F32, BF16 or F16): run the "
+                          "backward too", &o->grad, NULL};
   if (cmd == JOB_CMD_CHECK || cmd == JOB_CMD_BENCH)
     opts[n++] = (cli_opt){"grad-output", "FILE", "safetensors with the backward's dout (default: random from --seed)",
                           &o->grad, NULL};
@@ -104,6 +104,28 @@ static void load_weights(cli_ctx *c, job *j, const job_opts *o) {
     cli_lib(c, dsv4_weights_load(j->w, o->weights));
   else
     cli_lib(c, dsv4_weights_init_random(j->w, j->seed));
+}
+
+/* x and dout must be F32, BF16 or F16 (docs/spec.md section 7); F64 and integer dtypes are refused
+ * by name before anything is read. Returns 1 (error recorded) when t is another dtype. */
+static int input_float_dtype(cli_ctx *c, const char *file, const dsv4_st_info *t) {
+  if (t->dtype == DSV4_DT_F32 || t->dtype == DSV4_DT_BF16 || t->dtype == DSV4_DT_F16) return 0;
+  cli_error(c, "%s: tensor '%s' has dtype %s; it must be F32, BF16 or F16", file, t->name, t->dtype_name);
+  return 1;
+}
+
+/* A 1-d meta tensor's length is checked against what the run needs BEFORE it is read: memory for
+ * a hostile file (a 12 KB sparse file may declare 2^28 entries) is then bounded by what a real
+ * input with the same T needs. Returns 1 (error recorded) when t is not 1-d with lo..hi entries. */
+static int meta_length_ok(cli_ctx *c, const char *file, const dsv4_st_info *t, int64_t lo, int64_t hi,
+                          const char *why) {
+  if (t->ndim == 1 && t->numel >= lo && t->numel <= hi) return 1;
+  char want[64];
+  if (lo == hi) snprintf(want, sizeof want, "%lld", (long long)lo);
+  else snprintf(want, sizeof want, "%lld to %lld", (long long)lo, (long long)hi);
+  cli_error(c, "%s: %s must be a 1-d tensor of %s entries (%s), has %lld in %d dims: not read", file, t->name, want,
+            why, (long long)t->numel, t->ndim);
+  return 0;
 }
 
 /* Reads an I32 meta tensor into a fresh array. */
@@ -181,6 +203,7 @@ static void input_meta(cli_ctx *c, job *j, const job_opts *o, dsv4_st_file **fp,
     cli_error(c, "%s: tensor 'x' must be [T, d] or [B, S, d] (has %d dims)", o->input, x->ndim);
     return;
   }
+  if (input_float_dtype(c, o->input, x)) return;
   if (x->shape[x->ndim - 1] != d) {
     cli_error(c, "%s: tensor 'x' has width %lld but hidden_size is %lld", o->input,
               (long long)x->shape[x->ndim - 1], (long long)d);
@@ -205,21 +228,14 @@ static void input_meta(cli_ctx *c, job *j, const job_opts *o, dsv4_st_file **fp,
     cli_error(c, "%s: seqlens_real given without cu_seqlens", o->input);
     return;
   }
-  if (cu) {
-    if (cu->ndim != 1 || cu->numel < 2) {
-      cli_error(c, "%s: cu_seqlens must be a 1-d tensor of at least 2 entries", o->input);
-      return;
-    }
+  if (cu) { /* documents hold at least one token each: at most T of them */
+    if (!meta_length_ok(c, o->input, cu, 2, j->T + 1, "n_docs + 1, at most T + 1")) return;
     j->n_docs = (int)(cu->numel - 1);
     if (!(j->cu = read_i32(c, *fp, cu))) return;
   }
   if (re) {
     int n_docs = j->n_docs ? j->n_docs : (int)j->B;
-    if (re->ndim != 1 || re->numel != n_docs) {
-      cli_error(c, "%s: seqlens_real must have one entry per document (%d), has %lld", o->input, n_docs,
-                (long long)re->numel);
-      return;
-    }
+    if (!meta_length_ok(c, o->input, re, n_docs, n_docs, "one entry per document")) return;
     j->real = read_i32(c, *fp, re);
   }
 }
@@ -278,6 +294,7 @@ static void load_grad(cli_ctx *c, job *j, const job_opts *o) {
   const dsv4_st_info *t = dsv4_st_find(g, "dout");
   if (!t) {
     cli_error(c, "%s: missing tensor 'dout'", o->grad);
+  } else if (input_float_dtype(c, o->grad, t)) {
   } else if (t->ndim != j->x_ndim || t->numel != j->T * j->cfg.dim || t->shape[t->ndim - 1] != j->cfg.dim ||
              (j->x_ndim == 3 && t->shape[0] != j->B)) {
     cli_error(c, "%s: tensor 'dout' must have the shape of the output (%s)", o->grad,
