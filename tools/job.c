@@ -294,9 +294,9 @@ static void load_grad(cli_ctx *c, job *j, const job_opts *o) {
   const dsv4_st_info *t = dsv4_st_find(g, "dout");
   if (!t) {
     cli_error(c, "%s: missing tensor 'dout'", o->grad);
-  } else if (input_float_dtype(c, o->grad, t)) {
+  } else if (input_float_dtype(c, o->grad, t)) { /* recorded */
   } else if (t->ndim != j->x_ndim || t->numel != j->T * j->cfg.dim || t->shape[t->ndim - 1] != j->cfg.dim ||
-             (j->x_ndim == 3 && t->shape[0] != j->B)) {
+             (j->x_ndim == 3 && t->shape[0] != j->B)) { /* exactly x's shape, checked before any read */
     cli_error(c, "%s: tensor 'dout' must have the shape of the output (%s)", o->grad,
               j->x_ndim == 3 ? "[B, S, d]" : "[T, d]");
   } else {
