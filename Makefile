@@ -21,7 +21,7 @@ MPI_LIB  := $(shell mpicc --showme:link 2>/dev/null)
 # token's result never depends on where it sits (CP = N bitwise equal to CP = 1).
 OPT      ?= -O3 -march=native
 CFLAGS   += -std=c17 -D_DEFAULT_SOURCE $(OPT) -ffp-contract=off -fopenmp -fPIC -Wall -Wextra -Werror \
-            -Iinclude -Isrc -I$(BLAS_INC) $(MPI_INC) $(EXTRA_CFLAGS)
+            -Iinclude -I$(BLAS_INC) $(MPI_INC) $(EXTRA_CFLAGS)
 LDLIBS   += -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas $(MPI_LIB) -lcjson -lm -fopenmp $(EXTRA_LDFLAGS)
 
 LIB_SRC  := $(wildcard src/*.c src/util/*.c src/io/*.c src/ops/*.c src/plan/*.c src/model/*.c src/cp/*.c)
@@ -37,12 +37,18 @@ TEST_BIN += $(MPITEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 all: $(BUILD)/libdsv4cp.a $(BUILD)/libdsv4cp.so $(BUILD)/dsv4cp $(TEST_BIN)
 
 HEADERS  := $(wildcard include/*.h src/*/*.h tools/*.h tests/c/*.h)
-# Library objects export only what the public headers mark DSV4_API (include/dsv4cp.h).
-LIB_CFLAGS := -fvisibility=hidden -DDSV4_BUILDING_LIBRARY
+# Library objects export only what the public headers mark DSV4_API (include/dsv4cp*.h). Only the
+# library and its unit tests see src/: the program (tools/) is built against the public headers
+# alone, so it cannot use anything a user could not.
+LIB_CFLAGS := -fvisibility=hidden -DDSV4_BUILDING_LIBRARY -Isrc
 
 $(BUILD)/obj/src/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIB_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/tests/%.o: tests/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -c $< -o $@
 
 $(BUILD)/obj/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -98,7 +104,7 @@ bench-long: deps all
 
 install: all
 	install -d $(PREFIX)/include $(PREFIX)/lib/pkgconfig $(PREFIX)/bin
-	install -m 644 include/dsv4cp.h include/dsv4cp_mpi.h $(PREFIX)/include/
+	install -m 644 include/dsv4cp.h include/dsv4cp_io.h include/dsv4cp_mpi.h include/dsv4cp_ops.h $(PREFIX)/include/
 	install -m 644 $(BUILD)/libdsv4cp.a $(PREFIX)/lib/
 	install -m 755 $(BUILD)/libdsv4cp.so $(PREFIX)/lib/
 	install -m 755 $(BUILD)/dsv4cp $(PREFIX)/bin/

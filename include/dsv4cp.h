@@ -420,10 +420,10 @@ DSV4_API dsv4_status dsv4_cp_allreduce_grads(dsv4_comm *comm, dsv4_weights *grad
 DSV4_API dsv4_status dsv4_cp_get_stats(const dsv4_core *core, dsv4_cp_stats *st);
 DSV4_API void dsv4_cp_stats_reset(dsv4_core *core);
 
-/* 1 when this BLAS gives a row the same bits at any position of a fixed-shape, single-threaded
- * call; tests use it to decide whether to demand bitwise equality of CP = N and CP = 1 (the
- * library's results never rely on it: every row is computed at its global position in a fixed-shape
- * call, docs/design.md). */
+/* 1 when this BLAS gives a row at a given position of a fixed-shape, single-threaded call the same
+ * bits whatever the call's other rows hold: what bitwise CP = N relies on (every row is computed at
+ * its global position in a fixed-shape call, docs/design.md). Tests demand bitwise equality of
+ * CP = N and CP = 1 when it holds; `dsv4cp info` reports it. */
 DSV4_API int dsv4_blas_probe_invariance(void);
 
 #ifdef __cplusplus

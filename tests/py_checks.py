@@ -1,9 +1,11 @@
 #!/usr/bin/env -S /usr/bin/python3
 """py_checks.py CSA_CASE_DIR LAYER: the module semantics of dsv4cp.Attention at CP = 1 that the
 file comparisons cannot see: parameters as views of the C weights (load_state_dict, optimizer
-updates, a rebound .data), dtype/layout of x, autograd (accumulation, retain_graph, a no_grad
-forward between forward and backward, the indexer's gradients only from the KL loss), recompute.
-Prints PASS/FAIL lines (test_python.py relays them)."""
+updates, a rebound .data), dtype/layout of x (float32 only: nothing is converted silently; NaN
+refused), module conversions refused (the C weights stay untouched), autograd (accumulation,
+retain_graph, a no_grad forward between forward and backward, the indexer's gradients only from the
+KL loss, no double backward), the named result, threads (per module; concurrent calls from two
+Python threads serialised), recompute. Prints PASS/FAIL lines (test_python.py relays them)."""
 import os
 import sys
 
@@ -109,11 +111,87 @@ with tempfile.TemporaryDirectory() as ck:
     m5.load_weights(ck)
     check(torch.equal(run(m5, backward=False)[0], base[0]), "load_weights of a sharded checkpoint directory")
 
-# x as float64 and non-contiguous: same bits as contiguous fp32; x.grad in x's dtype
-x64 = x0.double()
-r5 = run(m, x64)
-check(torch.equal(r5[0], base[0]) and r5[3].dtype == torch.float64 and torch.equal(r5[3].float(), base[3]),
-      "float64 x: same out, x.grad float64 with the same values")
+# x in another dtype is refused naming it (no silent cast); non-contiguous fp32 gives the same bits
+for dt in (torch.float64, torch.bfloat16, torch.float16):
+    try:
+        m(x0.to(dt), cu, real)
+        check(False, f"{dt} x raises TypeError", "no exception")
+    except TypeError as e:
+        check(str(dt).split(".")[-1] in str(e), f"{dt} x raises TypeError naming the dtype", str(e)[:90])
+xn = x0.clone()
+xn[3, 1] = float("nan")
+try:
+    m(xn, cu, real)
+    check(False, "a NaN in x raises ValueError", "no exception")
+except ValueError as e:
+    check("non-finite" in str(e) and "row 3" in str(e), "a NaN in x raises ValueError naming the row", str(e)[:90])
+
+# module conversions: refused, the C weights untouched; float32-on-CPU conversions are no-ops
+for conv in ("double", "half", "bfloat16"):
+    try:
+        getattr(m, conv)()
+        check(False, f"attn.{conv}() raises TypeError", "no exception")
+    except TypeError as e:
+        check("float32" in str(e), f"attn.{conv}() raises TypeError", str(e)[:90])
+try:
+    m.to("meta")
+    check(False, "attn.to('meta') raises TypeError", "no exception")
+except (TypeError, RuntimeError) as e:
+    check(isinstance(e, TypeError), "attn.to('meta') raises TypeError", str(e)[:90])
+check(m.float() is m and m.cpu() is m and m.to(torch.float32) is m, "float(), cpu(), to(float32) are allowed no-ops")
+check(torch.equal(run(m, backward=False)[0], base[0]) and all(p.dtype == torch.float32 for p in m.parameters()),
+      "after the refused conversions the module computes exactly as before")
+
+# the result is a named tuple that unpacks as before
+res = m(x0, cu, real)
+check(isinstance(res, dsv4cp.AttentionOutput) and res.out is res[0] and res.topk_ids is res[1] and
+      res.indexer_loss is res[2], "forward returns AttentionOutput(out, topk_ids, indexer_loss)")
+
+# the backward is the library's, once: a double backward raises instead of dropping terms (an
+# objective whose gradient wrt out depends on out, so create_graph would need second derivatives)
+x = x0.clone().requires_grad_()
+out, topk, loss = m(x, cu, real)
+(gx,) = torch.autograd.grad((out * out).sum(), x, create_graph=True)
+try:
+    gx.sum().backward()
+    check(False, "a double backward raises", "no exception")
+except RuntimeError as e:
+    check("once_differentiable" in str(e) or "twice" in str(e), "a double backward raises", str(e)[:90])
+
+# threads are the module's own setting: the process's OpenMP default is left alone
+import ctypes  # noqa: E402
+gomp = ctypes.CDLL("libgomp.so.1")
+before = gomp.omp_get_max_threads()
+m.threads = 1
+run(m, backward=False)
+m.threads = 2
+r_t2 = run(m, backward=False)
+check(gomp.omp_get_max_threads() == before and m.threads == 2 and torch.equal(r_t2[0], base[0]),
+      "threads per module: forward bits the same, the process's OpenMP setting untouched",
+      f"omp {before} -> {gomp.omp_get_max_threads()}")
+
+# two Python threads on one module: serialised (no crash), every result the single-thread one
+import threading  # noqa: E402
+outs, errs = [], []
+
+
+def worker():
+    try:
+        with torch.no_grad():
+            for _ in range(3):
+                outs.append(m(x0, cu, real)[0])
+    except Exception as e:  # noqa: BLE001
+        errs.append(e)
+
+
+ts = [threading.Thread(target=worker) for _ in range(2)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+check(not errs and len(outs) == 6 and all(torch.equal(o, base[0]) for o in outs),
+      "two Python threads calling one module: no crash, every output the sequential one", str(errs[:1]))
+
 xt = x0.t().contiguous().t()   # same values, column-major storage
 r6 = run(m, xt)
 check(not xt.is_contiguous() and torch.equal(r6[0], base[0]) and torch.equal(r6[3], base[3]), "non-contiguous x")

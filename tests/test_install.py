@@ -1,9 +1,11 @@
 #!/usr/bin/env -S /usr/bin/python3
 """test_install.py: the library as a user outside this tree meets it.
-  - `make install PREFIX=<tmp>` then a plain gcc program that includes both public headers, built
+  - `make install PREFIX=<tmp>` then a plain gcc program that includes every public header, built
     only through `pkg-config --cflags --libs dsv4cp` (MPI's include path comes along), runs alone and
     under mpirun -np 2 from the non-system prefix;
   - the shared library exports exactly the functions the public headers declare (DSV4_API);
+  - the dsv4cp program is a client of that API: its objects refer to no other library symbol and its
+    sources include no header of src/;
   - nothing in the repository refers to files outside it."""
 import argparse
 import os
@@ -17,11 +19,13 @@ import testlib as T
 
 PROGRAM = r"""
 #include <dsv4cp.h>
+#include <dsv4cp_io.h>
 #include <dsv4cp_mpi.h>
+#include <dsv4cp_ops.h>
 #include <stdio.h>
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  dsv4_config cfg;
+  dsv4_config cfg = DSV4_CONFIG_INIT;
   dsv4_comm *comm = NULL;
   int ok = dsv4_config_preset(&cfg, "tiny") == DSV4_OK && dsv4_comm_create_mpi(&comm, MPI_COMM_WORLD) == DSV4_OK;
   printf("dsv4cp %s header %s %s ranks %d\n", dsv4_version(), DSV4_VERSION_STRING, ok ? "ok" : dsv4_last_error(),
@@ -33,9 +37,34 @@ int main(int argc, char **argv) {
 """
 
 
+PUBLIC_HEADERS = ("dsv4cp.h", "dsv4cp_io.h", "dsv4cp_mpi.h", "dsv4cp_ops.h")
+
+
+def program_uses_public_api_only(build):
+    """The CLI's objects: every dsv4_ symbol they need is declared by a public header, and no source
+    of tools/ includes a header of the library's src/."""
+    objs = [os.path.join(build, "obj", "tools", f) for f in sorted(os.listdir(os.path.join(build, "obj", "tools")))
+            if f.endswith(".o")]
+    nm = subprocess.run(["nm", "-u"] + objs, capture_output=True, text=True)
+    used = {l.split()[-1] for l in nm.stdout.splitlines() if l.strip().startswith("U ") and "dsv4_" in l}
+    internal = sorted(n for n in used if n.startswith("dsv4_") and n not in declared_api())
+    T.check(nm.returncode == 0 and len(objs) > 10 and used and not internal,
+            f"the dsv4cp program's {len(objs)} objects use only public functions ({len(used)} of them)",
+            f"library-internal: {internal[:8]}")
+    tools = os.path.join(T.ROOT, "tools")
+    own = set(os.listdir(tools))
+    bad = []
+    for f in sorted(os.listdir(tools)):
+        if f.endswith((".c", ".h")):
+            for m in re.finditer(r'^#include\s+"([^"]+)"', open(os.path.join(tools, f)).read(), re.M):
+                if m.group(1) not in own and m.group(1) not in PUBLIC_HEADERS:
+                    bad.append(f"{f}: {m.group(1)}")
+    T.check(not bad, "tools/ includes only its own headers and the public ones", "; ".join(bad[:5]))
+
+
 def declared_api():
     names = set()
-    for h in ("dsv4cp.h", "dsv4cp_mpi.h"):
+    for h in PUBLIC_HEADERS:
         for m in re.finditer(r"^DSV4_API\b[^(]*?\b(dsv4_\w+)\s*\(", open(os.path.join(T.ROOT, "include", h)).read(), re.M):
             names.add(m.group(1))
     return names
@@ -49,6 +78,7 @@ def main():
     if T.sanitized():
         print("note: install test skipped in the sanitizer pass (a plain gcc program cannot link an ASan library)")
         return T.finish()
+    program_uses_public_api_only(build)
     tmp = tempfile.mkdtemp(prefix="dsv4cp-install-")
     try:
         prefix = os.path.join(tmp, "prefix")
@@ -64,7 +94,7 @@ def main():
         cc = subprocess.run(["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-o", exe, src] + flags.stdout.split(),
                             capture_output=True, text=True)
         T.check(flags.returncode == 0 and cc.returncode == 0,
-                "a plain gcc program with both public headers builds with pkg-config --cflags --libs dsv4cp",
+                "a plain gcc program with every public header builds with pkg-config --cflags --libs dsv4cp",
                 (flags.stderr + cc.stderr).strip()[-300:])
         if cc.returncode == 0:
             rc, out, err = T.run([exe], env={"LD_LIBRARY_PATH": ""})

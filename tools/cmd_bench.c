@@ -179,7 +179,7 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
     planned_ok &= all[r].planned;
     saved_planned &= all[r].saved_planned;
   }
-  dsv4_flops f;
+  dsv4_flops f = DSV4_FLOPS_INIT;
   dsv4_layer_flops(&j->cfg, j->layer, &j->pk, &f);
   const double gflops = (f.fwd + f.bwd) / (fwd + bwd) / 1e9, spread = busy_min > 0 ? busy_max / busy_min : NAN;
   char hid[16] = "-";

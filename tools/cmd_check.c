@@ -40,7 +40,7 @@ static int compare(const job *j, const job_result *a, const job_result *b, int n
   if (a->dx) ok &= report("dx", a->dx, b->dx, j->T * d, TOL_OUT, NULL);
   if (a->grads)
     for (int i = 0; i < dsv4_weights_count(a->grads); i++) {
-      dsv4_tensor ta, tb;
+      dsv4_tensor ta = DSV4_TENSOR_INIT, tb = DSV4_TENSOR_INIT;
       dsv4_weights_get(a->grads, i, &ta);
       dsv4_weights_get(b->grads, i, &tb);
       char name[160];

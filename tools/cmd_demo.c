@@ -111,7 +111,7 @@ int cmd_demo(cli_ctx *c, int argc, char **argv) {
     if (cli_sync(c)) return 1;
     job_execute(c, &j, 1, JOB_FAST, &r, NULL);
     if (cli_sync(c)) return 1;
-    dsv4_flops f = {0};
+    dsv4_flops f = DSV4_FLOPS_INIT;
     dsv4_layer_flops(&j.cfg, j.layer, &j.pk, &f);
     cli_say(c, "  layer %s %-14s forward %8.1f ms  backward %8.1f ms  %6.0f tokens/s  %6.1f GFLOP/s (fwd + bwd)\n",
             KINDS[k].layer, KINDS[k].kind, 1e3 * r.fwd_seconds, 1e3 * r.bwd_seconds,

@@ -83,13 +83,13 @@ int cmd_run(cli_ctx *c, int argc, char **argv) {
     return 1;
   }
   /* the backward starts after this share of the work (its FLOPs are about twice the forward's) */
-  dsv4_flops f = {0};
+  dsv4_flops f = DSV4_FLOPS_INIT;
   dsv4_layer_flops(&j.cfg, j.layer, &j.pk, &f);
   const char *phases[] = {"forward", "backward"};
   const double starts[] = {0, j.dout && f.fwd + f.bwd > 0 ? f.fwd / (f.fwd + f.bwd) : 1};
   progress_phases(&prog, 2, phases, starts);
   job_result r;
-  dsv4_cp_stats st = {0};
+  dsv4_cp_stats st = DSV4_CP_STATS_INIT;
   j.keep_local = 1; /* job_write streams every rank's rows to rank 0 */
   job_execute(c, &j, 1, naive ? JOB_NAIVE : JOB_FAST, &r, &st);
   if (!cli_sync(c)) {

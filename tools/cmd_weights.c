@@ -4,6 +4,7 @@
  * --export writes the dequantised fp32 tensors under the names they were read from. Rank 0 works;
  * the others only take part in the error check. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dsv4cp_io.h"

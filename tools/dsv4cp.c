@@ -27,7 +27,7 @@ static const char *USAGE =
     "Run 'dsv4cp <command> --help' for a command's options.";
 
 /* OpenBLAS picks its kernels when the library loads, from OPENBLAS_CORETYPE or cpuid; on CPUs newer
- * than its table (this Sapphire Rapids machine with Debian's 0.3.21) cpuid falls back to SSE3
+ * than its table (Sapphire Rapids, for Debian's 0.3.21) cpuid falls back to SSE3
  * "Prescott" kernels, 8x slower. So, unless the user chose, pick the AVX-512 or AVX2 kernels and
  * re-execute once (before MPI_Init, so every rank does the same). */
 static void choose_blas_kernels(char **argv) {

@@ -13,12 +13,14 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "io/ckpt_dir.h"
 #include "util/err.h"
 #include "util/fileio.h"
 
@@ -41,6 +43,7 @@ typedef struct {
 
 struct dsv4_ckpt {
   char *path;         /* the index file, or the single file */
+  dsv4_ckpt_dir dir;  /* the directory every shard is opened beneath (fd -1 for a single file) */
   int sharded;
   int n_map, n_shards;
   map_entry *map;     /* [n_map] sorted by name */
@@ -127,61 +130,96 @@ fail:
   return rc;
 }
 
-/* Picks the file a directory stands for: the index, model.safetensors, or its only .safetensors. */
-static dsv4_status pick_in_directory(const char *dir, char **chosen) {
+/* Picks the entry a directory stands for: the index, model.safetensors, or its only .safetensors
+ * (*chosen: the entry's name). An entry counts even when it is a symbolic link: it is then opened
+ * beneath the directory like any shard, and refused if it leads out, never skipped. */
+static dsv4_status pick_in_directory(const dsv4_ckpt_dir *d, char **chosen) {
   dsv4_status rc = DSV4_OK;
-  DIR *d = NULL;
-  char *only = NULL;
-  int count = 0;
-  *chosen = join(dir, DSV4_CKPT_INDEX_NAME);
-  DSV4_CHECK(*chosen, DSV4_ERR_NOMEM, "%s: out of memory", dir);
-  if (access(*chosen, F_OK) == 0) return DSV4_OK;
-  free(*chosen);
-  *chosen = join(dir, DSV4_CKPT_SINGLE_NAME);
-  DSV4_CHECK(*chosen, DSV4_ERR_NOMEM, "%s: out of memory", dir);
-  if (access(*chosen, F_OK) == 0) return DSV4_OK;
-  free(*chosen);
+  DIR *dl = NULL;
+  int count = 0, lfd = -1;
   *chosen = NULL;
-  d = opendir(dir);
-  DSV4_CHECK(d, DSV4_ERR_IO, "%s: cannot list the directory: %s", dir, strerror(errno));
-  for (struct dirent *e; (e = readdir(d));) {
+  const char *fixed = dsv4_ckpt_dir_has(d, DSV4_CKPT_INDEX_NAME)    ? DSV4_CKPT_INDEX_NAME
+                      : dsv4_ckpt_dir_has(d, DSV4_CKPT_SINGLE_NAME) ? DSV4_CKPT_SINGLE_NAME
+                                                                    : NULL;
+  if (fixed) {
+    *chosen = strdup(fixed);
+    DSV4_CHECK(*chosen, DSV4_ERR_NOMEM, "%s: out of memory", d->name);
+    return DSV4_OK;
+  }
+  lfd = openat(d->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  dl = lfd >= 0 ? fdopendir(lfd) : NULL;
+  DSV4_CHECK(dl, DSV4_ERR_IO, "%s: cannot list the directory: %s", d->name, strerror(errno));
+  lfd = -1; /* the DIR owns it */
+  for (struct dirent *e; (e = readdir(dl));) {
     size_t n = strlen(e->d_name), k = strlen(".safetensors");
     if (n > k && !strcmp(e->d_name + n - k, ".safetensors") && count++ == 0) {
-      only = strdup(e->d_name);
-      DSV4_CHECK(only, DSV4_ERR_NOMEM, "%s: out of memory", dir);
+      *chosen = strdup(e->d_name);
+      DSV4_CHECK(*chosen, DSV4_ERR_NOMEM, "%s: out of memory", d->name);
     }
   }
-  DSV4_CHECK(count > 0, DSV4_ERR_IO, "%s: no %s, no %s and no other .safetensors file in this directory", dir,
+  DSV4_CHECK(count > 0, DSV4_ERR_IO, "%s: no %s, no %s and no other .safetensors file in this directory", d->name,
              DSV4_CKPT_INDEX_NAME, DSV4_CKPT_SINGLE_NAME);
-  DSV4_CHECK(count == 1, DSV4_ERR_IO, "%s: %d .safetensors files but no %s saying which tensor is in which", dir,
+  DSV4_CHECK(count == 1, DSV4_ERR_IO, "%s: %d .safetensors files but no %s saying which tensor is in which", d->name,
              count, DSV4_CKPT_INDEX_NAME);
-  *chosen = join(dir, only);
-  DSV4_CHECK(*chosen, DSV4_ERR_NOMEM, "%s: out of memory", dir);
 fail:
-  if (d) closedir(d);
-  free(only);
+  if (dl) closedir(dl);
+  if (lfd >= 0) close(lfd);
+  if (rc != DSV4_OK) {
+    free(*chosen);
+    *chosen = NULL;
+  }
   return rc;
+}
+
+/* Opens the directory's entry name (the file it stands for) beneath it. */
+static dsv4_status open_chosen(const dsv4_ckpt_dir *d, const char *name, int *fd) {
+  dsv4_status rc = DSV4_OK;
+  uint64_t size;
+  rc = dsv4_ckpt_dir_open_file(d, name, fd, &size);
+  if (rc != DSV4_OK) {
+    char msg[900];
+    snprintf(msg, sizeof msg, "%s", dsv4_last_error());
+    DSV4_FAIL(rc, "%s: '%s' cannot be read: %s", d->name, name, msg);
+  }
+fail:
+  return rc;
+}
+
+/* The directory part of an index path ("" when it has none; "/x.json" -> "/"). */
+static char *dir_of(const char *path) {
+  char *dir = strdup(path);
+  char *slash = dir ? strrchr(dir, '/') : NULL;
+  if (slash) *(slash == dir ? slash + 1 : slash) = 0;
+  else if (dir) dir[0] = 0;
+  return dir;
 }
 
 dsv4_status dsv4_ckpt_open(dsv4_ckpt **out, const char *path) {
   dsv4_status rc = DSV4_OK;
   dsv4_ckpt *c = NULL;
-  char *text = NULL, *dir = NULL;
+  char *text = NULL, *dir = NULL, *chosen = NULL;
+  int fd = -1; /* the file a directory stands for, opened beneath it */
   DSV4_CHECK(out && path && *path, DSV4_ERR_ARG, "checkpoint: out and a non-empty path are required");
   *out = NULL;
   DSV4_ALLOC(c, 1);
-  if (dsv4_is_directory(path)) DSV4_TRY(pick_in_directory(path, &c->path));
-  else c->path = strdup(path);
+  c->dir.fd = c->dir.repo_fd = c->dir.snaps_fd = -1;
+  if (dsv4_is_directory(path)) {
+    DSV4_TRY(dsv4_ckpt_dir_open(&c->dir, path));
+    DSV4_TRY(pick_in_directory(&c->dir, &chosen));
+    c->path = join(path, chosen);
+    DSV4_CHECK(c->path, DSV4_ERR_NOMEM, "%s: out of memory", path);
+    DSV4_TRY(open_chosen(&c->dir, chosen, &fd));
+  } else {
+    c->path = strdup(path); /* a file the caller named: opened as named */
+  }
   DSV4_CHECK(c->path, DSV4_ERR_NOMEM, "%s: out of memory", path);
   const size_t n = strlen(c->path);
   c->sharded = n >= 5 && !strcmp(c->path + n - 5, ".json");
   if (c->sharded) {
-    DSV4_TRY(dsv4_read_text_file(c->path, &text));
-    dir = strdup(c->path);
+    DSV4_TRY(fd >= 0 ? dsv4_read_text_fd(fd, c->path, &text) : dsv4_read_text_file(c->path, &text));
+    dir = dir_of(c->path);
     DSV4_CHECK(dir, DSV4_ERR_NOMEM, "%s: out of memory", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) *(slash == dir ? slash + 1 : slash) = 0; /* "/x.json" -> "/" */
-    else dir[0] = 0;
+    if (c->dir.fd < 0) DSV4_TRY(dsv4_ckpt_dir_open(&c->dir, *dir ? dir : "."));
     DSV4_TRY(parse_index(c, text, dir));
   } else {
     DSV4_ALLOC(c->shards, 1);
@@ -189,12 +227,20 @@ dsv4_status dsv4_ckpt_open(dsv4_ckpt **out, const char *path) {
     c->shards[0].rel = strdup(c->path);
     c->shards[0].path = strdup(c->path);
     DSV4_CHECK(c->shards[0].rel && c->shards[0].path, DSV4_ERR_NOMEM, "%s: out of memory", path);
-    DSV4_TRY(dsv4_st_open(&c->shards[0].f, c->path));
+    if (fd >= 0) {
+      rc = dsv4_st_open_fd(&c->shards[0].f, fd, c->path);
+      fd = -1; /* taken, even on failure */
+      DSV4_TRY(rc);
+    } else {
+      DSV4_TRY(dsv4_st_open(&c->shards[0].f, c->path));
+    }
   }
   *out = c;
 fail:
+  if (fd >= 0) close(fd);
   free(text);
   free(dir);
+  free(chosen);
   if (rc != DSV4_OK) dsv4_ckpt_close(c);
   return rc;
 }
@@ -210,6 +256,7 @@ void dsv4_ckpt_close(dsv4_ckpt *c) {
   free(c->map);
   free(c->shards);
   free(c->path);
+  dsv4_ckpt_dir_close(&c->dir);
   free(c);
 }
 
@@ -242,8 +289,11 @@ dsv4_status dsv4_ckpt_get(dsv4_ckpt *c, const char *name, dsv4_st_file **f, cons
     const map_entry *m = lookup(c, name);
     DSV4_CHECK(m, DSV4_ERR_TENSOR, "%s: missing tensor '%s' (not in weight_map)", c->path, name);
     s = &c->shards[m->shard];
-    if (!s->f) {
-      rc = dsv4_st_open(&s->f, s->path);
+    if (!s->f) { /* beneath the index's directory, whatever links the checkpoint holds */
+      int fd = -1;
+      uint64_t size;
+      rc = dsv4_ckpt_dir_open_file(&c->dir, s->rel, &fd, &size);
+      if (rc == DSV4_OK) rc = dsv4_st_open_fd(&s->f, fd, s->path);
       if (rc != DSV4_OK) {
         char msg[900];
         snprintf(msg, sizeof msg, "%s", dsv4_last_error());
@@ -314,7 +364,21 @@ uint64_t dsv4_ckpt_bytes(const dsv4_ckpt_tensor *t) {
   return (t->t ? t->t->end - t->t->begin : 0) + (t->scale ? t->scale->end - t->scale->begin : 0);
 }
 
-/* The scale tensor as floats (E8M0 decoded by bits); a NaN or infinite scale is an error. */
+/* 1 when f is a value E8M0 can hold: a power of two in [2^-127, 2^127], i.e. the exponent field
+ * 1..254 with no mantissa bits, or 2^-127 itself (E8M0 byte 0: the subnormal 0x00400000). Then
+ * every E4M3 value times f is exact in fp32; a smaller power of two could round it away. */
+#define E8M0_MIN_BITS 0x00400000u
+static int e8m0_value(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  const uint32_t e = u >> 23, m = u & 0x7fffffu; /* e includes the sign bit: a negative f fails */
+  return (e >= 1 && e <= 254 && m == 0) || u == E8M0_MIN_BITS;
+}
+
+/* The scale tensor as floats (E8M0 decoded by bits). V4's block scales are powers of two (ue8m0),
+ * which is what makes every dequantised weight exact: a NaN or infinite scale is an error, and so
+ * is an F32 / BF16 / F16 scale that is not a power of two E8M0 could hold (a file quantised another
+ * way, e.g. V3's amax / 448 scales, or a corrupted one), naming the scale and the element. */
 static dsv4_status read_scales(const dsv4_ckpt_tensor *t, float *dst) {
   dsv4_status rc = DSV4_OK;
   const dsv4_st_info *s = t->scale;
@@ -326,10 +390,14 @@ static dsv4_status read_scales(const dsv4_ckpt_tensor *t, float *dst) {
   } else {
     DSV4_TRY(dsv4_st_read_f32(t->scale_file, s, dst));
   }
-  for (int64_t i = 0; i < s->numel; i++)
+  for (int64_t i = 0; i < s->numel; i++) {
     DSV4_CHECK(isfinite(dst[i]), DSV4_ERR_TENSOR, "%s: scale '%s' [%" PRId64 ", %" PRId64 "] is %s%s",
                dsv4_st_path(t->scale_file), s->name, i / s->shape[1], i % s->shape[1],
                isnan(dst[i]) ? "NaN" : "infinite", raw ? " (E8M0 byte 0xff)" : "");
+    DSV4_CHECK(e8m0_value(dst[i]), DSV4_ERR_TENSOR, "%s: scale '%s' (%s) [%" PRId64 ", %" PRId64 "] is %.9g, not a "
+               "positive power of two in [2^-127, 2^127] (V4 block scales are ue8m0)", dsv4_st_path(t->scale_file),
+               s->name, s->dtype_name, i / s->shape[1], i % s->shape[1], (double)dst[i]);
+  }
 fail:
   free(raw);
   return rc;
@@ -363,8 +431,8 @@ static int decode_rows(float *dst, const uint8_t *raw, const float *lut, const f
 }
 
 /* W[n][k] = e4m3(Wq[n][k]) * S[n / b0][k / b1], read in chunks of whole rows. Each product is one
- * fp32 multiplication of two exactly decoded values: exact for power-of-two (E8M0) scales, the
- * correctly rounded product for F32 scales. Napkin math: per weight 1 byte read, one table lookup,
+ * fp32 multiplication of two exactly decoded values, exact because every scale is a power of two
+ * in E8M0's range (read_scales refuses any other). Napkin math: per weight 1 byte read, one table lookup,
  * one multiply, 4 bytes written; V4-Flash's CSA layer (~115 MB of FP8) decodes in ~0.1 s per core. */
 static dsv4_status dequant(const dsv4_ckpt_tensor *t, float *dst) {
   dsv4_status rc = DSV4_OK;

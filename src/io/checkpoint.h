@@ -7,7 +7,8 @@
  * byte range, never a whole shard.
  *
  * FP8 weights (DeepSeek's released V4 files): an F8_E4M3 tensor `<p>weight` [rows, cols] comes with a
- * scale sibling `<p>scale` (or `<p>weight_scale_inv`), F8_E8M0 (or F32/BF16/F16), shape
+ * scale sibling `<p>scale` (or `<p>weight_scale_inv`), F8_E8M0 (or F32/BF16/F16 holding powers of
+ * two in E8M0's range 2^-127..2^127: anything else is an error), shape
  * [ceil(rows/b0), ceil(cols/b1)] for the block size b0 x b1 (quantization_config.weight_block_size);
  * the last block row/column may be partial. It reads as W[n][k] = e4m3(Wq[n][k]) * S[n/b0][k/b1],
  * decoded by bits, exact in fp32.
@@ -35,7 +36,10 @@ typedef struct {
 
 /* Opens a .safetensors file, an index .json file, or a directory holding model.safetensors.index.json,
  * model.safetensors, or exactly one .safetensors file. The index is parsed and every shard path
- * checked (relative, no ".." component) here; no shard is opened yet. */
+ * checked (relative, no ".." component) here; no shard is opened yet. Every file the checkpoint
+ * names (shards, and the file a directory stands for) is opened beneath its directory, following
+ * only links that stay inside, or a Hugging Face snapshot's links to its repository's blobs
+ * (src/io/ckpt_dir.h); a path the caller names is opened as named. */
 dsv4_status dsv4_ckpt_open(dsv4_ckpt **out, const char *path);
 void dsv4_ckpt_close(dsv4_ckpt *c);
 /* The index file or the single file actually used. */

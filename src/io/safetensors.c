@@ -5,7 +5,8 @@
  * with pread at 64-bit offsets (so concurrent reads of one file do not share a seek position).
  * Writer: builds the header with cJSON (keys in insertion order, integers written verbatim),
  * pads it with spaces so that the data area starts at a multiple of 8 bytes, and writes header
- * and data to a temporary file next to the target that is renamed over it only on success.
+ * and data through src/io/outfile.c: an unnamed file in the target's directory that takes the
+ * target's place only when complete.
  */
 #define _FILE_OFFSET_BITS 64
 #include "io/safetensors.h"
@@ -14,11 +15,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/outfile.h"
 #include "util/err.h"
 #include "util/fileio.h"
 
@@ -39,19 +41,6 @@ static const struct { const char *name; int bits; } dtypes[] = {
     {"BOOL", 8}, {"U8", 8}, {"I8", 8}, {"F8_E5M2", 8}, {"U16", 16}, {"I16", 16}, {"U32", 32}, {"U64", 64},
     {"C64", 64}, {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"F4", 4}};
 #define N_DTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
-
-/* Temporary files of saves in progress, for dsv4_st_remove_pending (a signal handler). A slot is
- * claimed with a compare-and-swap, filled, then published; the handler touches only published
- * slots. Like the last-error buffer, this is process state the library cannot avoid: a handler
- * has no other way to find the file. */
-#define PENDING_SLOTS 8
-#define PENDING_PATH 4096
-enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY };
-static struct {
-  atomic_int state;
-  char path[PENDING_PATH];
-} pending[PENDING_SLOTS];
-_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the pending-file registry needs lock-free atomics (signal safety)");
 
 struct dsv4_st_file {
   char *path;
@@ -251,37 +240,87 @@ static int cmp_offset(const void *a, const void *b) {
   return x->end < y->end ? -1 : x->end > y->end;
 }
 
-/* Reads and validates the header length, the JSON and every entry; then checks names and overlaps. */
 dsv4_status dsv4_st_open(dsv4_st_file **out, const char *path) {
+  dsv4_status rc = DSV4_OK;
+  int fd = -1;
+  uint64_t size;
+  DSV4_CHECK(out && path, DSV4_ERR_ARG, "dsv4_st_open: out and path must not be NULL");
+  *out = NULL;
+  DSV4_TRY(dsv4_open_regular(path, &fd, &size));
+  return dsv4_st_open_fd(out, fd, path);
+fail:
+  return rc;
+}
+
+/* Reads the header of n bytes at offset 8 into a fresh buffer, in chunks, refusing a NUL byte (no
+ * JSON text holds one) as soon as a chunk shows it: a sparse file declaring a huge header reads as
+ * zeros, so it costs one chunk, not the declared length. */
+static dsv4_status read_header(const dsv4_st_file *f, uint64_t n, char **out) {
+  dsv4_status rc = DSV4_OK;
+  char *buf = NULL;
+  size_t cap = 0;
+  for (uint64_t got = 0; got < n;) {
+    const size_t k = n - got < CHUNK_BYTES ? (size_t)(n - got) : CHUNK_BYTES;
+    if (got + k + 1 > cap) { /* doubling: a header is copied O(1) times on average */
+      size_t want = cap ? 2 * cap : CHUNK_BYTES + 1;
+      if (want > n + 1) want = (size_t)n + 1;
+      char *bigger = realloc(buf, want);
+      DSV4_CHECK(bigger, DSV4_ERR_NOMEM, "%s: out of memory for a %" PRIu64 "-byte header", f->path, n);
+      buf = bigger, cap = want;
+    }
+    DSV4_TRY(read_at(f, buf + got, k, 8 + got, "header"));
+    DSV4_CHECK(!memchr(buf + got, 0, k), DSV4_ERR_FORMAT, "%s: not a safetensors file: its header holds a NUL byte",
+               f->path);
+    DSV4_CHECK(got > 0 || buf[0] == '{', DSV4_ERR_FORMAT, "%s: not a safetensors file: its header is not an "
+               "object (JSON that starts with '{')", f->path);
+    got += k;
+  }
+  if (!buf) DSV4_ALLOC(buf, 1);
+  buf[n] = 0;
+  *out = buf;
+  buf = NULL;
+fail:
+  free(buf);
+  return rc;
+}
+
+/* Reads and validates the header length, the JSON and every entry; then checks names and overlaps.
+ * Nothing read from the file is quoted before the header has parsed as JSON: for a file that is
+ * not a safetensors file at all (a checkpoint entry pointing at /etc/passwd, say), the message
+ * says so without showing any of its bytes, not even as the "header length" number. */
+dsv4_status dsv4_st_open_fd(dsv4_st_file **out, int fd, const char *path) {
   dsv4_status rc = DSV4_OK;
   dsv4_st_file *f = NULL;
   char *hdr = NULL;
   cJSON *root = NULL;
   const dsv4_st_info **by_off = NULL;
-  DSV4_CHECK(out && path, DSV4_ERR_ARG, "dsv4_st_open: out and path must not be NULL");
+  struct stat st;
+  DSV4_CHECK(out && path && fd >= 0, DSV4_ERR_ARG, "dsv4_st_open_fd: out, path and a descriptor are required");
   *out = NULL;
   DSV4_ALLOC(f, 1);
-  f->fd = -1;
+  f->fd = fd;
+  fd = -1;
   f->path = strdup(path);
   DSV4_CHECK(f->path, DSV4_ERR_NOMEM, "%s: out of memory", path);
-  uint64_t fsize = 0, hlen = 0;
-  DSV4_TRY(dsv4_open_regular(path, &f->fd, &fsize));
+  DSV4_CHECK(fstat(f->fd, &st) == 0, DSV4_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+  DSV4_CHECK(S_ISREG(st.st_mode), DSV4_ERR_IO, "%s is %s, not a regular file", path, dsv4_file_kind(st.st_mode));
+  const uint64_t fsize = (uint64_t)st.st_size;
+  uint64_t hlen = 0;
   DSV4_CHECK(fsize >= 8, DSV4_ERR_FORMAT, "%s: file is %" PRIu64 " bytes, too short for a safetensors "
              "header", path, fsize);
   unsigned char len8[8];
   DSV4_TRY(read_at(f, len8, 8, 0, "header length"));
   for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];
-  DSV4_CHECK(hlen <= MAX_HEADER_BYTES, DSV4_ERR_FORMAT, "%s: header length %" PRIu64 " exceeds the "
-             "%u-byte limit (not a safetensors file?)", path, hlen, MAX_HEADER_BYTES);
-  DSV4_CHECK(hlen <= fsize - 8, DSV4_ERR_FORMAT, "%s: header length %" PRIu64 " exceeds the file size (%"
-             PRIu64 " bytes)", path, hlen, fsize);
+  DSV4_CHECK(hlen <= MAX_HEADER_BYTES, DSV4_ERR_FORMAT, "%s: not a safetensors file: header length implausible "
+             "(exceeds the %u-byte limit)", path, MAX_HEADER_BYTES);
+  DSV4_CHECK(hlen <= fsize - 8, DSV4_ERR_FORMAT, "%s: not a safetensors file: header length implausible (exceeds "
+             "the file size, %" PRIu64 " bytes)", path, fsize);
   f->data_start = 8 + hlen;
-  DSV4_ALLOC(hdr, hlen + 1);
-  DSV4_TRY(read_at(f, hdr, hlen, 8, "header"));
+  DSV4_TRY(read_header(f, hlen, &hdr));
   const char *end = NULL;
   root = cJSON_ParseWithLengthOpts(hdr, hlen, &end, 0);
-  DSV4_CHECK(root, DSV4_ERR_FORMAT, "%s: header is not valid JSON (error near byte %td of %" PRIu64 ")",
-             path, end ? end - hdr : 0, hlen);
+  DSV4_CHECK(root, DSV4_ERR_FORMAT, "%s: not a safetensors file: its header is not valid JSON (error near byte %td)",
+             path, end ? end - hdr : 0);
   for (; end < hdr + hlen; end++)
     DSV4_CHECK(*end && strchr(" \t\r\n", *end), DSV4_ERR_FORMAT,
                "%s: unexpected bytes after the JSON header at byte %td", path, end - hdr);
@@ -325,6 +364,7 @@ fail:
   cJSON_Delete(root);
   free(hdr);
   free(by_off);
+  if (fd >= 0) close(fd);
   if (rc != DSV4_OK) dsv4_st_close(f);
   return rc;
 }
@@ -569,30 +609,6 @@ fail:
   return rc;
 }
 
-/* Publishes tmp in a free registry slot; -1 when none is free or the path is too long (the save
- * then works the same, only a signal cannot remove its temporary). */
-static int pending_add(const char *tmp) {
-  if (strlen(tmp) >= PENDING_PATH) return -1;
-  for (int i = 0; i < PENDING_SLOTS; i++) {
-    int expect = SLOT_FREE;
-    if (atomic_compare_exchange_strong(&pending[i].state, &expect, SLOT_FILLING)) {
-      strcpy(pending[i].path, tmp);
-      atomic_store(&pending[i].state, SLOT_READY);
-      return i;
-    }
-  }
-  return -1;
-}
-
-static void pending_drop(int i) {
-  if (i >= 0) atomic_store(&pending[i].state, SLOT_FREE);
-}
-
-void dsv4_st_remove_pending(void) {
-  for (int i = 0; i < PENDING_SLOTS; i++)
-    if (atomic_load(&pending[i].state) == SLOT_READY) unlink(pending[i].path);
-}
-
 /* Writes a fill-based tensor: rows_per_call rows at a time through one staging buffer. */
 static dsv4_status write_rows(int fd, const writer_entry *e, const char *path) {
   dsv4_status rc = DSV4_OK;
@@ -611,25 +627,20 @@ fail:
   return rc;
 }
 
-/* Writes to "<path>.tmp<pid>.<k>" (mode 0666 & ~umask), fsyncs, then renames it over path. */
+/* Writes the file through dsv4_outfile (src/io/outfile.h): an unnamed file put in place only when
+ * complete (mode 0666 & ~umask), the old file intact until then. */
 dsv4_status dsv4_st_writer_save(dsv4_st_writer *w, const char *path) {
-  static atomic_uint counter;
   dsv4_status rc = DSV4_OK;
   unsigned char *hdr = NULL;
   uint16_t *buf = NULL;
-  char *tmp = NULL;
-  int fd = -1, created = 0, slot = -1;
-  size_t hlen = 0, tl = path ? strlen(path) + 48 : 0;
+  dsv4_outfile o = {.fd = -1, .dir_fd = -1, .slot = -1};
+  size_t hlen = 0;
   DSV4_CHECK(w && path && *path, DSV4_ERR_ARG, "dsv4_st_writer_save: writer and path are required");
   hdr = build_header(w, &hlen);
   DSV4_CHECK(hdr, DSV4_ERR_NOMEM, "%s: out of memory building the header", path);
   DSV4_ALLOC(buf, CHUNK_BYTES / 2);
-  DSV4_ALLOC(tmp, tl);
-  snprintf(tmp, tl, "%s.tmp%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
-  slot = pending_add(tmp); /* before the file exists: a signal in between finds nothing to remove */
-  fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  DSV4_CHECK(fd >= 0, DSV4_ERR_IO, "%s: cannot create temporary file '%s': %s", path, tmp, strerror(errno));
-  created = 1;
+  DSV4_TRY(dsv4_outfile_begin(&o, path));
+  const int fd = o.fd;
   DSV4_TRY(write_all(fd, hdr, hlen, path));
   for (int i = 0; i < w->n; i++) {
     const dsv4_st_info *t = &w->e[i].t;
@@ -649,19 +660,10 @@ dsv4_status dsv4_st_writer_save(dsv4_st_writer *w, const char *path) {
       DSV4_TRY(write_all(fd, buf, (size_t)n * 2, path));
     }
   }
-  DSV4_CHECK(fsync(fd) == 0, DSV4_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
-  int cr = close(fd);
-  fd = -1;
-  DSV4_CHECK(cr == 0, DSV4_ERR_IO, "%s: close failed: %s", path, strerror(errno));
-  DSV4_CHECK(rename(tmp, path) == 0, DSV4_ERR_IO, "%s: cannot rename '%s' over it: %s", path, tmp,
-             strerror(errno));
-  created = 0;
+  rc = dsv4_outfile_commit(&o);
 fail:
-  if (fd >= 0) close(fd);
-  if (created) unlink(tmp);
-  pending_drop(slot);
+  dsv4_outfile_discard(&o);
   free(hdr);
   free(buf);
-  free(tmp);
   return rc;
 }

@@ -20,6 +20,12 @@
 int dsv4_dtype_size(dsv4_dtype dt);
 /* Reads n raw bytes of tensor t starting at byte `offset` of its data (any dtype). */
 dsv4_status dsv4_st_read_bytes(dsv4_st_file *f, const dsv4_st_info *t, uint64_t offset, void *dst, size_t n);
+/* dsv4_st_open on a descriptor already open for reading (the file takes it: closed by dsv4_st_close,
+ * or here on failure); path names the file in messages. */
+dsv4_status dsv4_st_open_fd(dsv4_st_file **out, int fd, const char *path);
+/* The writer's save (dsv4cp_io.h) goes through src/io/outfile.h: an unnamed O_TMPFILE file, or where
+ * the filesystem lacks it "<path>.tmp<pid>.<k>", whose path is then in the pending-file registry
+ * (dsv4_st_remove_pending, src/io/outfile.c) while the save runs. */
 
 /* fp conversions (exposed for tests) */
 float dsv4_bf16_to_f32(uint16_t h);

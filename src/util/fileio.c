@@ -15,7 +15,8 @@
 #define MAX_TEXT_FILE_BYTES (64L << 20)
 
 /* What a non-regular file is, for the message. */
-static const char *file_kind(mode_t m) {
+const char *dsv4_file_kind(mode_t m) {
+  if (S_ISLNK(m)) return "a symbolic link";
   if (S_ISDIR(m)) return "a directory";
   if (S_ISFIFO(m)) return "a FIFO";
   if (S_ISCHR(m)) return "a character device";
@@ -33,7 +34,7 @@ dsv4_status dsv4_open_regular(const char *path, int *fd, uint64_t *size) {
   *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   DSV4_CHECK(*fd >= 0, DSV4_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
   DSV4_CHECK(fstat(*fd, &st) == 0, DSV4_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-  DSV4_CHECK(S_ISREG(st.st_mode), DSV4_ERR_IO, "%s is %s, not a regular file", path, file_kind(st.st_mode));
+  DSV4_CHECK(S_ISREG(st.st_mode), DSV4_ERR_IO, "%s is %s, not a regular file", path, dsv4_file_kind(st.st_mode));
   int flags = fcntl(*fd, F_GETFL);
   DSV4_CHECK(flags >= 0 && fcntl(*fd, F_SETFL, flags & ~O_NONBLOCK) == 0, DSV4_ERR_IO, "%s: fcntl: %s", path,
              strerror(errno));
@@ -54,16 +55,30 @@ int dsv4_is_directory(const char *path) {
 dsv4_status dsv4_read_text_file(const char *path, char **out) {
   dsv4_status rc = DSV4_OK;
   int fd = -1;
-  char *buf = NULL;
-  uint64_t n = 0, got = 0;
+  uint64_t n = 0;
   *out = NULL;
   DSV4_TRY(dsv4_open_regular(path, &fd, &n));
+  rc = dsv4_read_text_fd(fd, path, out);
+fail:
+  if (fd >= 0) close(fd);
+  return rc;
+}
+
+dsv4_status dsv4_read_text_fd(int fd, const char *path, char **out) {
+  dsv4_status rc = DSV4_OK;
+  char *buf = NULL;
+  uint64_t n = 0, got = 0;
+  struct stat st;
+  *out = NULL;
+  DSV4_CHECK(fstat(fd, &st) == 0, DSV4_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+  DSV4_CHECK(S_ISREG(st.st_mode), DSV4_ERR_IO, "%s is %s, not a regular file", path, dsv4_file_kind(st.st_mode));
+  n = (uint64_t)st.st_size;
   DSV4_CHECK(n <= (uint64_t)MAX_TEXT_FILE_BYTES, DSV4_ERR_FORMAT,
              "%s: %llu bytes is too large for a JSON text file (at most %ld)", path, (unsigned long long)n,
              MAX_TEXT_FILE_BYTES);
   DSV4_ALLOC(buf, n + 1);
   while (got < n) {
-    ssize_t r = read(fd, buf + got, (size_t)(n - got));
+    ssize_t r = pread(fd, buf + got, (size_t)(n - got), (off_t)got);
     if (r < 0 && errno == EINTR) continue;
     DSV4_CHECK(r >= 0, DSV4_ERR_IO, "%s: read failed: %s", path, strerror(errno));
     DSV4_CHECK(r > 0, DSV4_ERR_IO, "%s: short read (file changed while reading?)", path);
@@ -73,7 +88,6 @@ dsv4_status dsv4_read_text_file(const char *path, char **out) {
   *out = buf;
   buf = NULL;
 fail:
-  if (fd >= 0) close(fd);
   free(buf);
   return rc;
 }

@@ -5,6 +5,7 @@
 #define DSV4_FILEIO_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "dsv4cp.h"
 
@@ -15,5 +16,9 @@ dsv4_status dsv4_open_regular(const char *path, int *fd, uint64_t *size);
 int dsv4_is_directory(const char *path);
 /* Reads a whole text file (NUL-terminated, caller frees). Errors name the path. */
 dsv4_status dsv4_read_text_file(const char *path, char **out);
+/* The same from an open regular file (not closed here); path only names it in messages. */
+dsv4_status dsv4_read_text_fd(int fd, const char *path, char **out);
+/* "a directory", "a FIFO", "a character device", ... for messages about a non-regular file. */
+const char *dsv4_file_kind(mode_t m);
 
 #endif

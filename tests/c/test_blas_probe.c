@@ -51,6 +51,6 @@ static void panels(void) {
 int main(void) {
   wrappers_match_reference();
   panels();
-  printf("note: BLAS rows position invariant: %s\n", dsv4_blas_probe_invariance() ? "yes" : "no");
+  printf("note: BLAS rows independent at a fixed position: %s\n", dsv4_blas_probe_invariance() ? "yes" : "no");
   return tu_finish();
 }

@@ -311,7 +311,44 @@ static void layout_rules(void) {
   tu_ok(dsv4_sparse_attn_dist(&a, 2, w3, DSV4_IMPL_FAST), "layout: WINDOW(3) with 5 rows for 2 queries runs");
 }
 
+/* A plan is reused only when its whole key is equal: every field and every array element. Keys that
+ * a 64-bit hash could confuse (here: one cu_seqlens entry moved, seqlens_real present or not with the
+ * same values) must compare unequal; then the plan built from the key holds that packing's own
+ * token map. */
+static void plan_keys(void) {
+  static const int32_t cu_a[4] = {0, 10, 20, 32}, cu_b[4] = {0, 11, 20, 32}, real[3] = {10, 10, 12};
+  dsv4_plan_key a, b, c, d;
+  const dsv4_packing pa = TU_PACKING(cu_a, NULL, 3, 32, 0), pb = TU_PACKING(cu_b, NULL, 3, 32, 0);
+  const dsv4_packing pc = TU_PACKING(cu_a, real, 3, 32, 0);
+  int ok = tu_ok(dsv4_plan_key_set(&a, &pa, 16, 4, 8, DSV4_SPLIT_CONTIGUOUS, 1, 2), "key a") &&
+           tu_ok(dsv4_plan_key_set(&b, &pb, 16, 4, 8, DSV4_SPLIT_CONTIGUOUS, 1, 2), "key b") &&
+           tu_ok(dsv4_plan_key_set(&c, &pc, 16, 4, 8, DSV4_SPLIT_CONTIGUOUS, 1, 2), "key c") &&
+           tu_ok(dsv4_plan_key_set(&d, &pa, 16, 4, 8, DSV4_SPLIT_CONTIGUOUS, 1, 2), "key d");
+  if (ok) {
+    tu_check(dsv4_plan_key_equal(&a, &d), "plan key: the same packing compares equal");
+    tu_check(!dsv4_plan_key_equal(&a, &b), "plan key: one moved document boundary compares unequal");
+    tu_check(!dsv4_plan_key_equal(&a, &c), "plan key: seqlens_real given (all real) compares unequal");
+    dsv4_plan_key k0;
+    tu_ok(dsv4_plan_key_set(&k0, &pa, 16, 4, 8, DSV4_SPLIT_CONTIGUOUS, 0, 2), "key rank 0");
+    tu_check(!dsv4_plan_key_equal(&a, &k0), "plan key: another rank compares unequal");
+    dsv4_plan_key_free(&k0);
+    dsv4_config cfg = DSV4_CONFIG_INIT;
+    dsv4_plan p = {0};
+    if (tu_ok(dsv4_config_preset(&cfg, "tiny"), "tiny") && tu_ok(dsv4_plan_build(&p, &cfg, &b, DSV4_PLAN_FULL), "plan b")) {
+      /* rank 1 of 2 holds [16, 32): with cu_b, token 16 is position 5 of document 1 ([11, 20)) */
+      tu_check(p.global[0] == 16 && p.doc[0] == 1 && p.pos[0] == 5 && p.doc[4] == 2 && p.pos[4] == 0,
+               "plan of packing b: its own token map (token 16 at document 1 position %d)", p.pos[0]);
+      dsv4_plan_free(&p);
+    }
+  }
+  dsv4_plan_key_free(&a);
+  dsv4_plan_key_free(&b);
+  dsv4_plan_key_free(&c);
+  dsv4_plan_key_free(&d);
+}
+
 int main(void) {
+  plan_keys();
   shards();
   halos();
   gather_index();

@@ -9,7 +9,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!text) return 0;
   memcpy(text, data, size);
   text[size] = 0;
-  dsv4_config cfg;
+  dsv4_config cfg = DSV4_CONFIG_INIT;
   if (dsv4_config_parse(&cfg, text) == DSV4_OK) {
     if (dsv4_config_validate(&cfg) != DSV4_OK) abort(); /* parse returns only valid configs */
     for (int layer = 0; layer < cfg.n_layers; layer++) {

@@ -11,7 +11,7 @@
 #define MAX_SIZE 8
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  static dsv4_config cfg;
+  static dsv4_config cfg = DSV4_CONFIG_INIT;
   if (!cfg.n_layers && dsv4_config_preset(&cfg, "tiny")) abort();
   uint8_t h[7] = {0};
   memcpy(h, data, size < 7 ? size : 7);
@@ -26,12 +26,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   int16_t T16;
   memcpy(&T16, h + 5, 2);
-  const dsv4_packing pk = {.cu_seqlens = flags & 1 ? cu : NULL, .seqlens_real = flags & 2 ? real : NULL,
+  const dsv4_packing pk = {DSV4_HEAD(dsv4_packing), .cu_seqlens = flags & 1 ? cu : NULL, .seqlens_real = flags & 2 ? real : NULL,
                            .n_docs = n_docs, .T = T16, .batched = (flags >> 2) & 1};
-  const dsv4_cp_config cp = {flags & 8 ? DSV4_SPLIT_ZIGZAG : DSV4_SPLIT_CONTIGUOUS, 0};
+  const dsv4_cp_config cp = {DSV4_HEAD(dsv4_cp_config), .split = flags & 8 ? DSV4_SPLIT_ZIGZAG : DSV4_SPLIT_CONTIGUOUS};
   /* dsv4_layer_flops validates the whole packing (documents, T); dsv4_cp_shard_rows only the split.
    * Rows are checked against T where both accepted the metadata. */
-  dsv4_flops fl;
+  dsv4_flops fl = DSV4_FLOPS_INIT;
   const int valid = dsv4_layer_flops(&cfg, layer, &pk, &fl) == DSV4_OK;
   int64_t n = -1;
   if (dsv4_cp_shard_rows(&pk, &cp, rank, N, NULL, &n) == DSV4_OK && valid) {
@@ -42,9 +42,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (rows[i] < 0 || rows[i] >= pk.T) abort();
     free(rows);
   }
-  dsv4_cp_stats st;
-  dsv4_memory_plan mp;
-  const dsv4_plan_opts po = {0, 1};
+  dsv4_cp_stats st = DSV4_CP_STATS_INIT;
+  dsv4_memory_plan mp = DSV4_MEMORY_PLAN_INIT;
+  const dsv4_plan_opts po = {DSV4_HEAD(dsv4_plan_opts), .threads = 1};
   if (rank >= 0 && rank < N) {
     dsv4_cp_plan_traffic(&cfg, layer, &pk, &cp, rank, N, &st);
     dsv4_cp_plan_memory(&cfg, layer, &pk, &cp, &po, rank, N, &mp);

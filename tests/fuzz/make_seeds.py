@@ -94,6 +94,15 @@ def main():
                                                              "b": "/abs.safetensors", "c": ""}}))
     out("index", "self.json", json.dumps({"weight_map": {"layers.1.attn.wq_a.weight": "model.safetensors.index.json"}}))
     out("index", "duplicate.json", '{"weight_map": {"a": "x.safetensors", "a": "y.safetensors"}}')
+    # the link tree fuzz_index.c plants: every way out of the directory, and the ways that stay in
+    for i, route in enumerate(("out.safetensors", "up/outside.safetensors", "abs/outside.safetensors",
+                               "root/etc/passwd", "self/up/outside.safetensors", "loop/x.safetensors",
+                               "e.safetensors", "r.safetensors", "up/r/e.safetensors")):
+        out("index", f"link_out_{i}.json", json.dumps({"weight_map": {"outside_marker": route,
+                                                                      "refs_marker": route}}))
+    out("index", "link_inside.json", json.dumps({"weight_map": {
+        "inside_marker": "self/sub/x.safetensors", "blob_marker": "s.safetensors", "b": "sub/x.safetensors",
+        "c": "up/r/s.safetensors"}}))
     # packing: n_docs, flags, size, rank, layer, T (int16), int16 cu_seqlens then seqlens_real
     def packing(n_docs, flags, size, rank, layer, T, cu, real=()):
         return struct.pack("<BBBbBh", n_docs, flags, size - 1, rank, layer, T) + struct.pack(f"<{len(cu) + len(real)}h",
