@@ -86,7 +86,7 @@ DSV4_API const char *dsv4_last_error_location(void);
 DSV4_API void dsv4_clear_error(void);
 
 /* ---------------------------------------------------------------------------------------------
- * Configuration (SPEC section 1)
+ * Configuration (docs/spec.md section 1; DeepSeek V4.1: section 10)
  * ------------------------------------------------------------------------------------------- */
 #define DSV4_MAX_LAYERS 1024
 
@@ -106,7 +106,7 @@ typedef struct {
   int index_head_dim;   /* Di */
   int index_topk;       /* k */
   int n_layers;         /* length of compress_ratios */
-  int compress_ratios[DSV4_MAX_LAYERS]; /* r per layer: 0, 4 or 128 */
+  int compress_ratios[DSV4_MAX_LAYERS]; /* r per layer: 0, 4 or 128 (V4.1: 0, 1 or 2) */
   double rope_theta;          /* r == 0 layers, no YaRN */
   double compress_rope_theta; /* r > 0 layers, with YaRN */
   double rope_factor;         /* rope_scaling.factor */
@@ -119,18 +119,32 @@ typedef struct {
                            multi-token-prediction layers, named mtp.{L - n_hidden_layers}.attn.* in
                            checkpoints; 0 = unknown (every layer named layers.L.attn.*) */
   int fp8_block[2];     /* quantization_config.weight_block_size: rows x cols of the weight block one
-                           FP8 scale covers (128 x 128 in V4); 0 = not given, which means 128 */
+                           FP8 scale covers (128 x 128 in V4, 32 x 32 in V4.1); 0 = not given (128) */
+  /* DeepSeek V4.1 (CSA2; docs/spec.md section 10): layers share compressed kv and top-k */
+  int v41;              /* 1: a V4.1 config (kv_source_layer_ids given) */
+  int n_kv_sources;     /* kv_source_layer_ids (sorted): the layers that own a compressor */
+  int kv_sources[DSV4_MAX_LAYERS];
+  int n_index_sources;  /* index_source_layer_ids (sorted): the layers that select (own indexer queries) */
+  int index_sources[DSV4_MAX_LAYERS];
+  int candidate_source; /* candidate_source_layer_id: ranks blocks of entries for the later index
+                           sources; -1: none */
+  int candidate_topk_blocks, candidate_block_size;
 } dsv4_config;
 #define DSV4_CONFIG_INIT {DSV4_HEAD(dsv4_config)}
 
 /* Built-in presets: "flash" (V4-Flash, 43 layers + the MTP layer), "pro" (V4-Pro, 61 + MTP), "tiny"
- * (small dims for tests/demos: layers 0, 1, 2 are SWA, CSA, HCA, no MTP layer). The three
+ * (small dims for tests/demos: layers 0, 1, 2 are SWA, CSA, HCA, no MTP layer), "flash41"
+ * (V4.1-Flash: 40 layers + 3 DSpark stages) and "tiny41" (small V4.1 dims with every role: layers
+ * 0 and 9 window only, 1 FULL r = 2 (kv source), 2 and 4 REUSE, 3 REINDEX, 5 FULL r = 1 (kv and
+ * candidate source), 6 and 8 REUSE, 7 REINDEX selecting inside the candidates). The three
  * functions below write *cfg (its struct_size must be set: DSV4_CONFIG_INIT). */
 DSV4_API dsv4_status dsv4_config_preset(dsv4_config *cfg, const char *name);
-/* Parses a DeepSeek V4 config.json (text or file): the released Hugging Face style keys
- * (hidden_size, rope_scaling, ...) or the ModelArgs names of DeepSeek's inference code (dim,
- * n_heads, window_size, rope_factor, original_seq_len, ...); a quantity given under both names
- * with different values is an error naming both keys. Structural keys are required (never the
+/* Parses a DeepSeek V4 / V4.1 config.json (text or file): the released Hugging Face style keys
+ * (hidden_size, rope_scaling, ...; V4.1 nests them under text_config, quantization_config at the
+ * top) or the ModelArgs names of DeepSeek's inference code (dim, n_heads, window_size, rope_factor,
+ * original_seq_len, kv_source_layers, ...); a quantity given under both names with different values
+ * is an error naming both keys. V4.1 is detected by kv_source_layer_ids (or kv_source_layers);
+ * its roles are validated (docs/spec.md section 10), errors naming the key and the layer. Structural keys are required (never the
  * ModelArgs debug defaults); rope/eps keys default to V4-Flash values, except that a ModelArgs-style
  * file must give compress_rope_theta and original_seq_len (and rope_factor when YaRN is on), whose
  * ModelArgs defaults differ. quantization_config must be fp8 / e4m3 / ue8m0-or-F32 scales with any
@@ -141,6 +155,49 @@ DSV4_API dsv4_status dsv4_config_load(dsv4_config *cfg, const char *path);
 DSV4_API dsv4_status dsv4_config_validate(const dsv4_config *cfg);
 /* Compress ratio of a layer, or -1 when layer is out of range. */
 DSV4_API int dsv4_config_ratio(const dsv4_config *cfg, int layer);
+
+/* What a layer does. V4: a compressed layer owns its compressor (and, r = 4, its indexer): OWN.
+ * V4.1 (docs/spec.md section 10): FULL owns the compressor and indexer keys (a kv source, also an
+ * index source), REINDEX selects with its own indexer queries against its kv source's keys, REUSE
+ * reads its kv source's compressed kv and its index source's selection. */
+typedef enum { DSV4_ROLE_WINDOW = 0, DSV4_ROLE_OWN, DSV4_ROLE_FULL, DSV4_ROLE_REINDEX, DSV4_ROLE_REUSE } dsv4_role;
+
+typedef struct {
+  DSV4_STRUCT_HEAD;
+  int layer, ratio;
+  dsv4_role role;
+  int kv_source;           /* the layer whose compressed kv it attends to (itself, or -1 for none) */
+  int index_source;        /* the layer whose selection it uses (itself, or -1: none / all visible) */
+  int selects;             /* 1: it computes a top-k (and has the KL loss) */
+  int candidate_source;    /* 1: it ranks candidate blocks for the later index sources */
+  int uses_candidates;     /* 1: it selects only inside the candidate source's blocks */
+} dsv4_layer_info;
+#define DSV4_LAYER_INFO_INIT {DSV4_HEAD(dsv4_layer_info)}
+
+/* The role of a layer (out->struct_size set). Errors: layer out of range; a V4.1 layer at or above
+ * num_hidden_layers (the DSpark draft stages are not this layer). */
+DSV4_API dsv4_status dsv4_config_layer(const dsv4_config *cfg, int layer, dsv4_layer_info *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * The state DeepSeek V4.1 layers share in one forward pass (docs/spec.md section 10): a kv source
+ * writes its global compressed kv and indexer keys there, an index source its top-k ids (the
+ * candidate source also its candidate blocks); the layers of its group read them; in the backward
+ * they add their gradients of the compressed kv and keys there, and the kv source's backward, which
+ * comes last, uses the sums. The caller owns one per forward pass, hands it to every layer
+ * (dsv4_layer_fwd_args.shared), calls the layers in order for the forward and in reverse for the
+ * backward, and keeps it (not reset, not freed) until the pass's last backward. A consumer whose
+ * source did not run in the pass, a packing that differs from its source's, a backward out of order
+ * or after a reset is an error naming the layers. V4 layers ignore it; a kv source given none uses
+ * one of its own (it needs no other layer).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct dsv4_shared dsv4_shared;
+
+DSV4_API dsv4_status dsv4_shared_create(dsv4_shared **out);
+/* Starts a new forward pass: forgets every entry (their buffers are kept for the next pass). */
+DSV4_API void dsv4_shared_reset(dsv4_shared *s);
+DSV4_API void dsv4_shared_free(dsv4_shared *s);
+/* Bytes its buffers hold. */
+DSV4_API size_t dsv4_shared_bytes(const dsv4_shared *s);
 
 /* ---------------------------------------------------------------------------------------------
  * Weights of one layer (SPEC section 2): an owned set of fp32 tensors with DeepSeek's names.
@@ -222,6 +279,7 @@ typedef struct {
   const dsv4_packing *pk;   /* global packing meta */
   int64_t n;                /* local rows */
   int train;                /* 1: keep what backward needs (q, kv, x, qr, o must stay valid until then) */
+  dsv4_shared *shared;      /* V4.1: this forward pass's shared state (see dsv4_shared); V4: ignored */
 } dsv4_core_fwd_args;
 #define DSV4_CORE_FWD_ARGS_INIT {DSV4_HEAD(dsv4_core_fwd_args)}
 
@@ -274,12 +332,16 @@ DSV4_API dsv4_status dsv4_layer_set_threads(dsv4_layer *l, int threads);
 typedef struct {
   DSV4_STRUCT_HEAD;
   float *out;               /* [n, d] out, overwritten (zero on padding rows) */
-  int32_t *topk_ids;        /* [n, k] out (r == 4): global compressed ids, -1 padded; may be NULL */
-  float *indexer_loss;      /* [1] out (r == 4): the whole-batch KL loss (CP: on every rank); may be NULL */
+  int32_t *topk_ids;        /* [n, k] out (r == 4; V4.1 index sources): global compressed ids, -1
+                               padded; may be NULL (left untouched by layers that do not select) */
+  float *indexer_loss;      /* [1] out (r == 4; V4.1 index sources): the whole-batch KL loss (CP: on
+                               every rank); may be NULL */
   const float *x;           /* [n, d] this rank's rows (must stay valid until the backward when train) */
   int64_t n;                /* local rows */
   const dsv4_packing *pk;   /* GLOBAL packing meta (every rank the same) */
   int train;                /* 1: keep what dsv4_layer_backward needs */
+  dsv4_shared *shared;      /* V4.1: this forward pass's shared state (see dsv4_shared); NULL for a
+                               layer that needs no other (window-only, a kv source); V4: ignored */
 } dsv4_layer_fwd_args;
 #define DSV4_LAYER_FWD_ARGS_INIT {DSV4_HEAD(dsv4_layer_fwd_args)}
 
@@ -387,12 +449,16 @@ typedef struct {
   uint64_t weights;    /* the layer's weight set (fp32) */
   uint64_t grads;      /* its gradients (as large) */
   uint64_t saved;      /* activations a training forward keeps for the backward (dsv4_layer_saved_bytes) */
-  uint64_t replicated; /* of saved: the global compressed kv and indexer keys every rank holds whole:
-                          they grow with T, not with T / N */
+  uint64_t replicated; /* of saved (V4.1: of shared): the global compressed kv and indexer keys
+                          every rank holds whole: they grow with T, not with T / N */
   uint64_t transient;  /* the library's other buffers at the peak (temporaries stay in per-object
                           buffers between calls) and per-call scratch */
   uint64_t io;         /* the caller's per-rank x, dout, out, dx and top-k ids */
-  uint64_t total;      /* the sum of the above but replicated (already in saved) */
+  uint64_t total;      /* the sum of the above but replicated (already in saved or shared) */
+  uint64_t shared;     /* V4.1: what the layer writes into the pass's shared state (a kv source: the
+                          global compressed kv and keys, and in the backward their gradient sums; an
+                          index source: its top-k ids and candidate blocks), alive until the pass's
+                          backward; not in saved (which is dsv4_layer_saved_bytes) */
 } dsv4_memory_plan;
 #define DSV4_MEMORY_PLAN_INIT {DSV4_HEAD(dsv4_memory_plan)}
 

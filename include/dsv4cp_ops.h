@@ -25,7 +25,14 @@ extern "C" {
 
 /* lightning_indexer: I[p, j] = sum_h w[p,h] * ReLU(q_idx[p,h] . k_idx[j]) over the visible rows
  * j in [vis_begin[p], vis_begin[p] + vis_count[p]); returns the min(topk, vis_count[p]) best rows
- * sorted by (score desc, row asc), padded with -1 (scores -INFINITY). */
+ * sorted by (score desc, row asc), padded with -1 (scores -INFINITY).
+ * V4.1's two-level selection (docs/spec.md section 10 step 5), with block > 0: block b of a query
+ * holds its visible rows vis_begin + [b block, (b + 1) block) (vis_begin is its document's first
+ * compressed entry, so blocks are document-local). cand_out receives the n_cand blocks with the
+ * highest score (the max of I over the block), the block of the query's newest visible row pinned
+ * first, sorted by (score desc, block asc), -1 padded; with cand_in, only rows inside the given
+ * blocks are selected (the others score -inf and are never selected: fewer than topk may come
+ * out). topk_scores stay the unmasked I. */
 typedef struct {
   int32_t *topk_ids;        /* [S1, topk] out, overwritten */
   float *topk_scores;       /* [S1, topk] out, overwritten; may be NULL */
@@ -37,6 +44,10 @@ typedef struct {
   int64_t S1, C;
   int Hi, Di, topk;
   int threads;              /* OpenMP threads; 0: the calling thread's default */
+  int block;                /* V4.1 candidate_block_size; 0: no candidates */
+  int n_cand;               /* candidate_topk_blocks */
+  int32_t *cand_out;        /* [S1, n_cand] out, may be NULL: this query's candidate blocks */
+  const int32_t *cand_in;   /* [S1, n_cand] may be NULL: select only inside these blocks */
 } dsv4_indexer_args;
 
 DSV4_API dsv4_status dsv4_lightning_indexer(const dsv4_indexer_args *a);

@@ -45,10 +45,13 @@ for t in "$BUILD"/tests/test_*; do
 done
 echo "== reference self-test (tests/ref)"
 [ "${DSV4_SANITIZED:-0}" = 1 ] || run "ref selftest" $PY tests/ref/selftest.py
+[ "${DSV4_SANITIZED:-0}" = 1 ] || run "ref selftest41" $PY tests/ref/selftest41.py
 echo "== single rank against the float64 PyTorch reference"
 run "golden" $PY tests/test_golden.py --build "$BUILD"
 echo "== context parallelism (mpirun -np 1..4)"
 run "cp" $PY tests/test_cp.py --build "$BUILD"
+echo "== DeepSeek V4.1 layer ranges (run --layers): reference, CP, released checkpoint, errors"
+run "v41" $PY tests/test_v41.py --build "$BUILD"
 echo "== command line"
 run "cli" $PY tests/test_cli.py --build "$BUILD"
 echo "== PyTorch binding (python/dsv4cp)"

@@ -27,7 +27,7 @@ def expect_error(build, name, args, needle, nranks=1):
     return T.check(ok, f"cli bad input: {name}", f"exit {rc}: {' | '.join(lines)[:300]}")
 
 
-OPTION = re.compile(r"^  --([a-z][a-z-]*)( [A-Z][A-Z:]*)?\s", re.M)
+OPTION = re.compile(r"^  --([a-z][a-z-]*)( [A-Z][A-Z:-]*)?\s", re.M)
 # options of the shared job table (tools/job.c) and the output file: the ones commands used to list
 # without reading them
 SHARED = ("config", "preset", "layer", "weights", "input", "grad-output", "seed", "seq", "batch", "split",

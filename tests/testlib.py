@@ -141,6 +141,12 @@ def max_rel(a, b, floor):
     return float(np.max(np.abs(a - b))) / max(floor, m) if a.size else 0.0
 
 
+def forward_name(name):
+    """out, topk_ids, indexer_loss, or their per-layer names out.{L} ... (--layers)."""
+    base, _, tail = name.rpartition(".")
+    return name in ("out", "topk_ids", "indexer_loss") or (tail.isdigit() and base in ("out", "topk_ids", "indexer_loss"))
+
+
 def compare_cp(got, one, label, bitwise):
     """CP = N output file against the CP = 1 output file (SPEC 6). Returns a list of failures."""
     a, b = load(got), load(one)
@@ -152,7 +158,7 @@ def compare_cp(got, one, label, bitwise):
         x, y = np.asarray(a[name]), np.asarray(b[name])
         if x.shape != y.shape:
             fails.append(f"{name} shape {x.shape} vs {y.shape}")
-        elif name in ("out", "topk_ids", "indexer_loss"):
+        elif forward_name(name):
             if name == "topk_ids" or bitwise:
                 if not np.array_equal(x.view(np.uint8) if x.dtype != np.int32 else x,
                                       y.view(np.uint8) if y.dtype != np.int32 else y):
@@ -160,7 +166,7 @@ def compare_cp(got, one, label, bitwise):
             elif max_rel(x, y, 1.0) > TOL_CP_OUT:
                 fails.append(f"{name} rel {max_rel(x, y, 1.0):.2g}")
         else:
-            tol = TOL_CP_OUT if name == "dx" else TOL_CP_GRAD
+            tol = TOL_CP_OUT if name == "dx" or name.startswith("dx.") else TOL_CP_GRAD
             r = max_rel(x, y, 1.0)
             if r > tol:
                 fails.append(f"{name} rel {r:.2g} > {tol}")

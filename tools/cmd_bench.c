@@ -75,42 +75,78 @@ typedef struct {
                                   speed drifts (shared hosts do) */
 } timing;
 
-/* Runs reps forward + backward calls; returns rank-local medians. */
-static int measure(cli_ctx *c, job *j, dsv4_layer *l, int reps, int warmup, timing *tm, dsv4_cp_stats *st,
+/* FLOPs of the range's layers together. */
+static void range_flops(const job *j, double *fwd, double *bwd) {
+  *fwd = *bwd = 0;
+  for (int i = 0; i < j->n_lay; i++) {
+    dsv4_flops f = DSV4_FLOPS_INIT;
+    dsv4_layer_flops(&j->cfg, j->layer + i, &j->pk, &f);
+    *fwd += f.fwd, *bwd += f.bwd;
+  }
+}
+
+/* Every layer's CP statistics summed (one source group is one row). */
+static void range_stats(dsv4_layer **l, int nl, dsv4_cp_stats *sum) {
+  *sum = (dsv4_cp_stats)DSV4_CP_STATS_INIT;
+  for (int i = 0; i < nl; i++) {
+    dsv4_cp_stats s = DSV4_CP_STATS_INIT;
+    dsv4_cp_get_stats(dsv4_layer_core(l[i]), &s);
+    for (int m = 0; m < DSV4_MSG_KINDS; m++) {
+      sum->bytes_sent[m] += s.bytes_sent[m], sum->bytes_recv[m] += s.bytes_recv[m];
+      sum->messages[m] += s.messages[m], sum->seconds[m] += s.seconds[m];
+    }
+  }
+}
+
+/* Runs reps forward + backward passes of the range (forwards in order with one shared state,
+ * backwards in reverse); returns rank-local medians. */
+static int measure(cli_ctx *c, job *j, dsv4_layer **l, int reps, int warmup, timing *tm, dsv4_cp_stats *st,
                    size_t *saved) {
   const int64_t n = j->n, d = j->cfg.dim, k = j->cfg.index_topk;
-  float *out = malloc(sizeof(float) * (size_t)(n * d + 1)), *dx = malloc(sizeof(float) * (size_t)(n * d + 1));
+  const int nl = j->n_lay;
+  float *out = malloc(sizeof(float) * (size_t)(nl * n * d + 1)), *dx = malloc(sizeof(float) * (size_t)(n * d + 1));
   int32_t *topk = malloc(sizeof(int32_t) * (size_t)(n * k + 1));
-  dsv4_weights *g = NULL;
+  dsv4_weights **g = calloc((size_t)nl, sizeof *g);
+  dsv4_shared *sh = NULL;
   double *tf = calloc((size_t)reps, sizeof(double)), *tb = calloc((size_t)reps, sizeof(double));
   double *busy = calloc((size_t)reps, sizeof(double)), *frac = calloc((size_t)reps, sizeof(double));
-  int ok = out && dx && topk && tf && tb && busy && frac && !cli_lib(c, dsv4_weights_create(&g, &j->cfg, j->layer));
-  dsv4_flops f = DSV4_FLOPS_INIT;
-  dsv4_layer_flops(&j->cfg, j->layer, &j->pk, &f);
+  int ok = out && dx && topk && g && tf && tb && busy && frac && !cli_lib(c, dsv4_shared_create(&sh));
+  for (int i = 0; i < nl && ok; i++) ok = !cli_lib(c, dsv4_weights_create(&g[i], &j->cfg, j->layer + i));
+  double ffwd, fbwd;
+  range_flops(j, &ffwd, &fbwd);
   const int cp = c->size > 1;
   float loss;
   for (int r = -warmup; ok && r < reps; r++) { /* r < 0: warm-up */
     char what[48] = "warm-up";
     if (r >= 0) snprintf(what, sizeof what, "run %d of %d", r + 1, reps);
     progress_at(c->progress, what, (double)(r + warmup) / (double)(reps + warmup));
-    if (r == 0 && cp) dsv4_cp_stats_reset(dsv4_layer_core(l));
+    for (int i = 0; i < nl && r == 0 && cp; i++) dsv4_cp_stats_reset(dsv4_layer_core(l[i]));
     dsv4_cp_stats before = DSV4_CP_STATS_INIT, after = DSV4_CP_STATS_INIT;
-    if (cp) dsv4_cp_get_stats(dsv4_layer_core(l), &before);
+    if (cp) range_stats(l, nl, &before);
     double gemm = r >= 0 ? sgemm_rate(c, 2) : 0; /* this moment's rate, all ranks together */
     MPI_Allreduce(MPI_IN_PLACE, &gemm, 1, MPI_DOUBLE, MPI_SUM, c->comm);
+    dsv4_shared_reset(sh);
     MPI_Barrier(c->comm);
     const double t0 = MPI_Wtime();
-    const dsv4_layer_fwd_args fa = {DSV4_HEAD(dsv4_layer_fwd_args), .out = out, .topk_ids = topk,
-                                    .indexer_loss = &loss, .x = j->x, .n = n, .pk = &j->pk, .train = 1};
-    ok = !cli_lib(c, dsv4_layer_forward(l, &fa));
+    for (int i = 0; i < nl && ok; i++) {
+      const dsv4_layer_fwd_args fa = {DSV4_HEAD(dsv4_layer_fwd_args), .out = out + i * n * d, .topk_ids = topk,
+                                      .indexer_loss = &loss, .x = j->lx[i], .n = n, .pk = &j->pk, .train = 1,
+                                      .shared = sh};
+      ok = !cli_lib(c, dsv4_layer_forward(l[i], &fa));
+    }
     const double t1 = MPI_Wtime();
-    if (ok && r == reps - 1) *saved = dsv4_layer_saved_bytes(l);
-    const dsv4_layer_bwd_args ba = {DSV4_HEAD(dsv4_layer_bwd_args), .dx = dx, .grads = g, .dout = j->dout,
-                                    .d_loss = 1.0f};
-    ok = ok && !cli_lib(c, dsv4_layer_backward(l, &ba));
+    if (ok && r == reps - 1) {
+      *saved = 0;
+      for (int i = 0; i < nl; i++) *saved += dsv4_layer_saved_bytes(l[i]);
+    }
+    for (int i = nl - 1; i >= 0 && ok; i--) {
+      const dsv4_layer_bwd_args ba = {DSV4_HEAD(dsv4_layer_bwd_args), .dx = dx, .grads = g[i], .dout = j->ldout[i],
+                                      .d_loss = 1.0f};
+      ok = !cli_lib(c, dsv4_layer_backward(l[i], &ba));
+    }
     const double t2 = MPI_Wtime();
     if (r < 0) continue;
-    if (cp) dsv4_cp_get_stats(dsv4_layer_core(l), &after);
+    if (cp) range_stats(l, nl, &after);
     double wait = 0;
     for (int m = 0; m < DSV4_MSG_KINDS; m++) wait += after.seconds[m] - before.seconds[m];
     tf[r] = t1 - t0;
@@ -118,17 +154,19 @@ static int measure(cli_ctx *c, job *j, dsv4_layer *l, int reps, int warmup, timi
     busy[r] = t2 - t0 - wait;
     double wall = t2 - t0;
     MPI_Allreduce(MPI_IN_PLACE, &wall, 1, MPI_DOUBLE, MPI_MAX, c->comm);
-    frac[r] = (f.fwd + f.bwd) / wall / 1e9 / gemm;
+    frac[r] = (ffwd + fbwd) / wall / 1e9 / gemm;
   }
   if (ok) {
     tm->fwd = median(tf, reps);
     tm->bwd = median(tb, reps);
     tm->busy = median(busy, reps);
     tm->fraction = median(frac, reps);
-    if (cp) dsv4_cp_get_stats(dsv4_layer_core(l), st);
+    if (cp) range_stats(l, nl, st);
   }
   free(out), free(dx), free(topk), free(tf), free(tb), free(busy), free(frac);
-  dsv4_weights_free(g);
+  for (int i = 0; g && i < nl; i++) dsv4_weights_free(g[i]);
+  free(g);
+  dsv4_shared_free(sh);
   return ok;
 }
 
@@ -140,14 +178,24 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
     int planned;       /* measured bytes and messages per call == dsv4_cp_plan_traffic, every kind */
     int saved_planned; /* bytes saved for the backward == dsv4_cp_plan_memory */
     dsv4_cp_stats st;
-  } mine = {tm->fwd, tm->bwd, tm->busy, 0, (double)saved / 1048576.0, sgemm, 0, 0, base_mb, 1, 0, *st}, *all = NULL;
+  } mine = {tm->fwd, tm->bwd, tm->busy, 0, (double)saved / 1048576.0, sgemm, 0, 0, base_mb, 1, 1, *st}, *all = NULL;
   dsv4_cp_stats plan = DSV4_CP_STATS_INIT;
   dsv4_memory_plan mem = DSV4_MEMORY_PLAN_INIT;
   const dsv4_plan_opts popts = {DSV4_HEAD(dsv4_plan_opts), .recompute = j->recompute, .threads = omp_get_max_threads()};
-  mine.saved_planned = dsv4_cp_plan_memory(&j->cfg, j->layer, &j->pk, &j->cp, &popts, c->rank, c->size, &mem) ==
-                           DSV4_OK && mem.saved == saved;
-  mine.planned_mb = (double)mem.total / 1048576.0;
-  if (dsv4_cp_plan_traffic(&j->cfg, j->layer, &j->pk, &j->cp, c->rank, c->size, &plan) != DSV4_OK) mine.planned = 0;
+  uint64_t saved_plan = 0, total_plan = 0;
+  for (int i = 0; i < j->n_lay; i++) { /* a group's layers all keep their activations until the backward */
+    dsv4_cp_stats pl = DSV4_CP_STATS_INIT;
+    mine.saved_planned &= dsv4_cp_plan_memory(&j->cfg, j->layer + i, &j->pk, &j->cp, &popts, c->rank, c->size,
+                                              &mem) == DSV4_OK;
+    saved_plan += mem.saved, total_plan += mem.total;
+    if (dsv4_cp_plan_traffic(&j->cfg, j->layer + i, &j->pk, &j->cp, c->rank, c->size, &pl) != DSV4_OK) mine.planned = 0;
+    for (int m = 0; m < DSV4_MSG_KINDS; m++) {
+      plan.bytes_sent[m] += pl.bytes_sent[m], plan.bytes_recv[m] += pl.bytes_recv[m];
+      plan.messages[m] += pl.messages[m];
+    }
+  }
+  mine.saved_planned &= saved_plan == saved;
+  mine.planned_mb = (double)total_plan / 1048576.0;
   for (int m = 0; m < DSV4_MSG_KINDS && c->size > 1; m++)
     mine.planned &= st->bytes_sent[m] == plan.bytes_sent[m] * (uint64_t)reps &&
                     st->bytes_recv[m] == plan.bytes_recv[m] * (uint64_t)reps &&
@@ -180,7 +228,7 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
     saved_planned &= all[r].saved_planned;
   }
   dsv4_flops f = DSV4_FLOPS_INIT;
-  dsv4_layer_flops(&j->cfg, j->layer, &j->pk, &f);
+  range_flops(j, &f.fwd, &f.bwd);
   const double gflops = (f.fwd + f.bwd) / (fwd + bwd) / 1e9, spread = busy_min > 0 ? busy_max / busy_min : NAN;
   char hid[16] = "-";
   if (!isnan(hidden)) snprintf(hid, sizeof hid, "%.1f%%", 100 * hidden);
@@ -198,14 +246,16 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
     free(all);
     return;
   }
-  fprintf(fj, "{\"ratio\": %d, \"seq\": %lld, \"ranks\": %d, \"split\": \"%s\", \"threads\": %d, \"reps\": %d, "
+  char range[32];
+  snprintf(range, sizeof range, "%d-%d", j->layer, j->layer + j->n_lay - 1);
+  fprintf(fj, "{\"layers\": \"%s\", \"preset\": \"%s\", \"ratio\": %d, \"seq\": %lld, \"ranks\": %d, \"split\": \"%s\", \"threads\": %d, \"reps\": %d, "
               "\"fwd_s\": %.6f, \"bwd_s\": %.6f, \"tokens_per_s\": %.3f, \"gflop_fwd\": %.3f, \"gflop_bwd\": %.3f, "
               "\"gflops\": %.3f, \"sgemm_gflops_per_rank\": %.3f, \"fraction_of_sgemm\": %.4f, "
               "\"peak_rss_mb\": %.1f, \"saved_activation_mb\": %.1f, \"busy_spread\": %.4f, "
               "\"allgather_blocking_s\": %.6f, \"allgather_hidden_fraction\": %.4f, \"bytes_match_plan\": %s, "
               "\"saved_bytes_match_plan\": %s, \"recompute\": %s, \"packing\": \"%s\", \"planned_mb\": %.1f, "
               "\"rss_base_mb\": %.1f, \"rss_above_base_mb\": %.1f, \"per_rank\": [",
-          j->ratio, (long long)j->T, c->size, split, omp_get_max_threads(), reps, fwd, bwd, (double)j->T / (fwd + bwd),
+          range, j->cfg.v41 ? "v41" : "v4", j->ratio, (long long)j->T, c->size, split, omp_get_max_threads(), reps, fwd, bwd, (double)j->T / (fwd + bwd),
           f.fwd / 1e9, f.bwd / 1e9, gflops, gemm / c->size, tm->fraction, rss, sv, isnan(spread) ? 0 : spread,
           blocking, isnan(hidden) ? -1.0 : hidden, c->size == 1 ? "null" : planned_ok ? "true" : "false",
           saved_planned ? "true" : "false", j->recompute ? "true" : "false", packing, planned, base, rss_above_base);
@@ -226,9 +276,11 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
 
 int cmd_bench(cli_ctx *c, int argc, char **argv) {
   static const char *USAGE =
-      "usage: [mpirun -np N] dsv4cp bench [--preset flash] --layer L --seq S [--reps K] [--json FILE] [options]\n"
+      "usage: [mpirun -np N] dsv4cp bench [--preset flash] (--layer L | --layers A-B) --seq S [--reps K]\n"
+      "                                   [--json FILE] [options]\n"
       "\n"
-      "One benchmark configuration: forward and backward of one layer (CP = N under mpirun), medians of\n"
+      "One benchmark configuration: forward and backward of one layer, or of layers A..B together (a\n"
+      "V4.1 source group: forwards in order, backwards in reverse; CP = N under mpirun), medians of\n"
       "--reps runs after a warm-up; prints one row (--header prints the column names) and appends a JSON\n"
       "object to --json. `make bench` (bench/run_bench.sh) runs the whole report. On a terminal, a\n"
       "progress line on stderr.";
@@ -260,7 +312,7 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   const double base_mb = (double)ru0.ru_maxrss / 1024.0;
   job j;
   job_load(c, &j, &o);
-  dsv4_layer *l = NULL;
+  dsv4_layer **l = NULL;
   dsv4_comm *comm = NULL;
   timing tm = {0};
   dsv4_cp_stats st = DSV4_CP_STATS_INIT;
@@ -270,13 +322,15 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   c->progress = &prog;
   if (!cli_sync(c)) {
     double gemm = sgemm_rate(c, SGEMM_REPS);
-    job_make_layer(c, &j, 1, &l, &comm);
+    if (!(l = calloc((size_t)j.n_lay, sizeof *l))) cli_error(c, "out of memory");
+    for (int i = 0; l && i < j.n_lay && !c->err[0]; i++) job_make_layer(c, &j, i, 1, &l[i], &comm);
     if (!cli_sync(c) && measure(c, &j, l, (int)reps, (int)warmup, &tm, &st, &saved) && !cli_sync(c)) {
       const double gemm_after = sgemm_rate(c, SGEMM_REPS); /* before and after: the better */
       if (gemm_after > gemm) gemm = gemm_after;
       const int64_t blk = j.ratio > 0 ? (j.n + j.ratio - 1) / j.ratio : 0; /* slot buffer rows (about) */
       double blocking = blocking_allgather(c, sizeof(float) * (size_t)(blk * j.cfg.head_dim));
-      if (j.ratio == 4) blocking += blocking_allgather(c, sizeof(float) * (size_t)(blk * j.cfg.index_head_dim));
+      if (j.ratio == 4 || j.cfg.v41) /* the indexer keys (V4: r = 4; V4.1: every kv source) */
+        blocking += blocking_allgather(c, sizeof(float) * (size_t)(blk * j.cfg.index_head_dim));
       progress_stop(&prog);
       report(c, &j, o.split ? o.split : "contiguous", (int)reps, &tm, &st, saved, gemm, blocking, base_mb, json);
     }
@@ -284,7 +338,8 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   int failed = cli_sync(c);
   progress_stop(&prog);
   c->progress = NULL;
-  dsv4_layer_free(l);
+  for (int i = 0; l && i < j.n_lay; i++) dsv4_layer_free(l[i]);
+  free(l);
   dsv4_comm_free(comm);
   job_free(&j);
   return failed;

@@ -49,8 +49,8 @@ static int self_check(cli_ctx *c, job_opts o, const char *check_seq) {
     printf("    self-check vs naive operators (%s tokens): out %.2g, dx %.2g%s -> %s\n", check_seq, e_out, e_dx,
            fast.topk ? (topk_same ? ", top-k identical" : ", top-k differs (near ties?)") : "", ok ? "ok" : "FAIL");
   }
-  job_result_free(&fast);
-  job_result_free(&naive);
+  job_result_free(&fast, 1);
+  job_result_free(&naive, 1);
   job_free(&j);
   return ok;
 }
@@ -77,7 +77,7 @@ static int cp_check(cli_ctx *c, const job_opts *o, const job_result *rn) {
     printf("    CP = %d vs CP = 1: forward%s bitwise equal%s, out %.2g, dx %.2g -> %s\n", c->size,
            rn->topk ? " and top-k" : "", fwd_bitwise ? "" : " NOT", e_out, e_dx, ok ? "ok" : "FAIL");
   }
-  job_result_free(&r1);
+  job_result_free(&r1, 1);
   job_free(&j);
   return ok;
 }
@@ -120,7 +120,7 @@ int cmd_demo(cli_ctx *c, int argc, char **argv) {
       all_ok &= self_check(c, o, check_seq);
       if (c->size > 1) all_ok &= cp_check(c, &o, &r);
     }
-    job_result_free(&r);
+    job_result_free(&r, 1);
     job_free(&j);
     if (cli_sync(c)) return 1;
   }

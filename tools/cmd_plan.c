@@ -49,7 +49,21 @@ typedef struct {
   FILE *json;
 } plan_run;
 
-static const char *kind_name(int r) { return r == 0 ? "SWA" : r == 4 ? "CSA" : "HCA"; }
+/* "SWA", "CSA", "HCA"; V4.1: "window", "kv source", "reindex", "reuse". */
+static const char *kind_name(const dsv4_config *cfg, int layer) {
+  const int r = dsv4_config_ratio(cfg, layer);
+  dsv4_layer_info in = DSV4_LAYER_INFO_INIT;
+  if (!cfg->v41 || dsv4_config_layer(cfg, layer, &in) != DSV4_OK) return r == 0 ? "SWA" : r == 4 ? "CSA" : "HCA";
+  static const char *ROLE[] = {"window", "own", "kv source", "reindex", "reuse"};
+  return ROLE[in.role];
+}
+
+/* What a source group holds and sends together (--layers): every layer's activations and shared
+ * entries live until the backward, the transient buffers of one layer at a time. */
+typedef struct {
+  double sent_max;          /* sum over layers of the largest rank's bytes sent */
+  uint64_t weights, saved, shared, transient, io;
+} group_sum;
 
 /* The largest memory plan over ranks (by total) for a packing. */
 static dsv4_status worst_rank(const plan_run *pr, int layer, const dsv4_packing *pk, dsv4_memory_plan *worst,
@@ -99,7 +113,7 @@ static void json_layer(const plan_run *pr, int layer, int r, const dsv4_cp_stats
                        int first) {
   FILE *f = pr->json;
   fprintf(f, "%s{\"layer\": %d, \"ratio\": %d, \"kind\": \"%s\", \"per_rank\": [", first ? "" : ", ", layer, r,
-          kind_name(r));
+          kind_name(pr->cfg, layer));
   for (int q = 0; q < pr->N; q++) {
     fprintf(f, "%s{\"rank\": %d, \"messages\": {", q ? ", " : "", q);
     for (int k = 0, n = 0; k < DSV4_MSG_KINDS; k++) {
@@ -110,15 +124,16 @@ static void json_layer(const plan_run *pr, int layer, int r, const dsv4_cp_stats
     }
     const dsv4_memory_plan *m = &mem[q];
     fprintf(f, "}, \"memory\": {\"weights\": %" PRIu64 ", \"grads\": %" PRIu64 ", \"saved\": %" PRIu64
-               ", \"replicated\": %" PRIu64 ", \"transient\": %" PRIu64 ", \"io\": %" PRIu64 ", \"total\": %" PRIu64 "}}",
-            m->weights, m->grads, m->saved, m->replicated, m->transient, m->io, m->total);
+               ", \"replicated\": %" PRIu64 ", \"shared\": %" PRIu64 ", \"transient\": %" PRIu64 ", \"io\": %" PRIu64
+               ", \"total\": %" PRIu64 "}}",
+            m->weights, m->grads, m->saved, m->replicated, m->shared, m->transient, m->io, m->total);
   }
   fprintf(f, "]");
 }
 
 /* One layer kind: message kinds (min / mean / max over ranks) and memory (the worst rank). */
 static int plan_layer(cli_ctx *c, const plan_run *pr, int layer, const dsv4_packing *pk, uint64_t budget,
-                      int first) {
+                      int first, group_sum *gs) {
   const int N = pr->N, r = dsv4_config_ratio(pr->cfg, layer);
   dsv4_cp_stats *st = calloc((size_t)N, sizeof *st);
   dsv4_memory_plan *mem = calloc((size_t)N, sizeof *mem);
@@ -135,7 +150,13 @@ static int plan_layer(cli_ctx *c, const plan_run *pr, int layer, const dsv4_pack
     if (!bad && mem[q].total > mem[worst].total) worst = q;
   }
   if (bad) goto done;
-  printf("\nlayer %d: %s (compress ratio %d), per rank, one forward + backward\n", layer, kind_name(r), r);
+  printf("\nlayer %d: %s (compress ratio %d), per rank, one forward + backward\n", layer, kind_name(pr->cfg, layer), r);
+  double smax_all = 0;
+  for (int q = 0; q < N; q++) {
+    double s = 0;
+    for (int k = 0; k < DSV4_MSG_KINDS; k++) s += (double)st[q].bytes_sent[k];
+    smax_all = s > smax_all ? s : smax_all;
+  }
   if (N > 1) {
     printf("  %-20s %34s  %34s  %9s\n", "message kind", "sent: min / mean / max", "received: min / mean / max",
            "messages");
@@ -158,8 +179,14 @@ static int plan_layer(cli_ctx *c, const plan_run *pr, int layer, const dsv4_pack
   printf("  memory (rank %d, the largest): weights %s + gradients %s + saved activations %s (of which replicated "
          "compressed %s)\n", worst, fmt_bytes((double)m->weights, a, 16), fmt_bytes((double)m->grads, b, 16),
          fmt_bytes((double)m->saved, e, 16), fmt_bytes((double)m->replicated, f, 16));
+  if (m->shared)
+    printf("                              + shared state %s (V4.1: the group's compressed kv / top-k)\n",
+           fmt_bytes((double)m->shared, a, 16));
   printf("                              + transient %s + inputs/outputs %s = %s\n", fmt_bytes((double)m->transient, a, 16),
          fmt_bytes((double)m->io, b, 16), fmt_bytes((double)m->total, e, 16));
+  gs->sent_max += smax_all;
+  gs->weights += m->weights + m->grads, gs->saved += m->saved, gs->shared += m->shared, gs->io += m->io;
+  gs->transient = m->transient > gs->transient ? m->transient : gs->transient;
   int64_t fit = -1;
   if (budget) {
     if ((bad = cli_lib(c, longest_fit(pr, layer, budget, &fit)))) goto done;
@@ -179,15 +206,19 @@ done:
 
 int cmd_plan(cli_ctx *c, int argc, char **argv) {
   static const char *USAGE =
-      "usage: dsv4cp plan (--preset NAME | --config config.json) [--seq S] [--batch B] [--ranks N] [--layer L]\n"
+      "usage: dsv4cp plan (--preset NAME | --config config.json) [--seq S] [--batch B] [--ranks N]\n"
+      "                   [--layer L | --layers A-B]\n"
       "                   [--split contiguous|zigzag] [--recompute] [--threads T] [--json FILE] [--memory-budget SIZE]\n"
       "\n"
       "Sizes a cluster for one layer of each kind in the config (or --layer): per rank, the bytes sent and\n"
       "received per message kind in one forward + backward with CP = N (min / mean / max over ranks), and\n"
       "the memory of the largest rank: weights, gradients, saved activations (and their replicated\n"
       "compressed part, which grows with the sequence, not with the shard), transient buffers and the\n"
-      "caller's inputs/outputs. Formulas of docs/cp.md on the actual layout; one process, any N.";
+      "caller's inputs/outputs. Formulas of docs/cp.md on the actual layout; one process, any N.\n"
+      "--layers A-B plans every layer of a (V4.1 source) group and their sum: activations and shared\n"
+      "state of every layer live until the backward, transient buffers one layer at a time.";
   const char *config = NULL, *preset = NULL, *seq = NULL, *batch = NULL, *ranks_s = NULL, *layer_s = NULL;
+  const char *layers_s = NULL;
   const char *split = NULL, *threads_s = NULL, *json = NULL, *budget_s = NULL;
   int recompute = 0;
   const cli_opt opts[] = {
@@ -196,7 +227,8 @@ int cmd_plan(cli_ctx *c, int argc, char **argv) {
       {"seq", "S", "tokens per sequence (default 4096)", &seq, NULL},
       {"batch", "B", "B sequences of --seq tokens (default 1)", &batch, NULL},
       {"ranks", "N", "CP ranks (default 2)", &ranks_s, NULL},
-      {"layer", "L", "plan this layer only (default: the first layer of each compress ratio)", &layer_s, NULL},
+      {"layer", "L", "plan this layer only (default: the first layer of each kind)", &layer_s, NULL},
+      {"layers", "A-B", "plan layers A..B and their sum (a V4.1 source group)", &layers_s, NULL},
       {"split", "MODE", "CP split: contiguous (default) or zigzag", &split, NULL},
       {"recompute", NULL, "the layer recomputes q and o in the backward (keeps fewer activations)", NULL, &recompute},
       {"threads", "T", "OpenMP threads per rank, for per-thread scratch (default 1)", &threads_s, NULL},
@@ -206,7 +238,7 @@ int cmd_plan(cli_ctx *c, int argc, char **argv) {
       {0}};
   const int p = cli_parse(c, argc, argv, 2, opts, USAGE);
   if (p == 1) return 0;
-  int64_t N = 2, S = 4096, B = 1, layer = -1, threads = 1;
+  int64_t N = 2, S = 4096, B = 1, layer = -1, last = -1, threads = 1;
   uint64_t budget = 0;
   dsv4_cp_config cp = DSV4_CP_CONFIG_INIT;
   dsv4_config cfg = DSV4_CONFIG_INIT;
@@ -221,6 +253,14 @@ int cmd_plan(cli_ctx *c, int argc, char **argv) {
     if (!c->err[0]) job_parse_split(c, &jo, &cp);
     if (!c->err[0]) cli_lib(c, config ? dsv4_config_load(&cfg, config) : dsv4_config_preset(&cfg, preset ? preset : "flash"));
     if (!c->err[0] && layer_s) cli_int(c, "layer", layer_s, 0, cfg.n_layers - 1, &layer);
+    if (!c->err[0] && layers_s) {
+      long long a = -1, b = -1;
+      char tail = 0;
+      if (layer_s) cli_error(c, "--layer and --layers cannot both be given");
+      else if (sscanf(layers_s, "%lld-%lld%c", &a, &b, &tail) != 2 || a < 0 || b < a || b >= cfg.n_layers)
+        cli_error(c, "--layers: '%s' is not A-B with 0 <= A <= B < %d", layers_s, cfg.n_layers);
+      layer = a, last = b;
+    }
   }
   if (cli_sync(c)) return 1;
   if (c->rank != 0) return cli_sync(c); /* rank 0 plans for all ranks */
@@ -242,14 +282,27 @@ int cmd_plan(cli_ctx *c, int argc, char **argv) {
               cp.split == DSV4_SPLIT_ZIGZAG ? "zigzag" : "contiguous", recompute ? "true" : "false", (long long)threads);
   }
   int failed = c->err[0] != 0, first = 1;
-  for (int r = 0; r <= 128 && !failed; r = r ? r * 32 : 4) {
-    int L = (int)layer;
-    if (L < 0)
-      for (int i = 0; i < cfg.n_layers && L < 0; i++)
-        if (cfg.compress_ratios[i] == r) L = i;
-    if (L < 0 || (layer >= 0 && cfg.compress_ratios[L] != r)) continue;
-    failed = plan_layer(c, &pr, L, &pk, budget, first);
+  group_sum gs = {0};
+  if (last < 0 && layer >= 0) last = layer;
+  for (int L = 0; L < cfg.n_layers && !failed; L++) {
+    if (layer >= 0 && (L < layer || L > last)) continue;
+    int seen = 0; /* default: the first layer of each kind (ratio and V4.1 role) */
+    for (int i = 0; i < L && layer < 0 && !seen; i++)
+      seen = cfg.compress_ratios[i] == cfg.compress_ratios[L] && !strcmp(kind_name(&cfg, i), kind_name(&cfg, L));
+    if (seen || (cfg.v41 && cfg.n_hidden_layers > 0 && L >= cfg.n_hidden_layers)) continue; /* DSpark stages */
+    failed = plan_layer(c, &pr, L, &pk, budget, first, &gs);
     first = 0;
+  }
+  if (!failed && last > layer) {
+    char a[16], b[16], e[16], f[16], g[16], h[16];
+    printf("\nlayers %lld-%lld together (one forward pass, backward in reverse), per rank:\n", (long long)layer,
+           (long long)last);
+    printf("  bytes sent (largest rank, per layer summed) %s\n", fmt_bytes(gs.sent_max, a, 16));
+    printf("  memory: weights + gradients %s + saved activations %s + shared state %s + transient %s (one layer at a "
+           "time)\n          + inputs/outputs %s = %s\n", fmt_bytes((double)gs.weights, a, 16),
+           fmt_bytes((double)gs.saved, b, 16), fmt_bytes((double)gs.shared, e, 16),
+           fmt_bytes((double)gs.transient, f, 16), fmt_bytes((double)gs.io, g, 16),
+           fmt_bytes((double)(gs.weights + gs.saved + gs.shared + gs.transient + gs.io), h, 16));
   }
   if (pr.json) {
     fprintf(pr.json, "]}\n");

@@ -7,7 +7,7 @@
 #include "job.h"
 
 static const char *USAGE =
-    "usage: dsv4cp run (--config config.json | --preset NAME) --layer L [--weights PATH]\n"
+    "usage: dsv4cp run (--config config.json | --preset NAME) (--layer L | --layers A-B) [--weights PATH]\n"
     "                  [--input in.safetensors] [--grad-output g.safetensors] --output out.safetensors\n"
     "                  [--seed S] [--seq S --batch B] [--split MODE] [--quiet]\n"
     "\n"
@@ -17,7 +17,11 @@ static const char *USAGE =
     "grad.<weight name>, receiving the other ranks' rows one piece at a time.\n"
     "Without --weights the weights are random from --seed; without --input so is x ([seq, d], or\n"
     "[batch, seq, d] with --batch). Prints one summary line (tokens, ranks, layer kind, time, output\n"
-    "file) and, on a terminal, a progress line on stderr; --quiet prints neither.";
+    "file) and, on a terminal, a progress line on stderr; --quiet prints neither.\n"
+    "--layers A-B runs layers A..B in order with one shared state (DeepSeek V4.1 layers read their kv\n"
+    "source's compressed kv and their index source's top-k) and the backward in reverse: --input holds\n"
+    "x.{L} for every layer (or one x for all), --grad-output dout.{L}; the output out.{L}, topk_ids.{L}\n"
+    "and indexer_loss.{L} (index sources), dx.{L} and grad.<weight name> of every layer.";
 
 /* One line per message kind and direction: bytes and time of this rank, gathered to rank 0; then
  * each rank's peak resident memory. */
@@ -47,9 +51,16 @@ static void print_stats(cli_ctx *c, const dsv4_cp_stats *st) {
   free(all);
 }
 
-/* "sliding window (r = 0)", "CSA (r = 4)", "HCA (r = 128)" */
-static const char *layer_kind(int ratio) {
-  return ratio == 0 ? "sliding window (r = 0)" : ratio == 4 ? "CSA (r = 4)" : "HCA (r = 128)";
+/* "sliding window (r = 0)", "CSA (r = 4)", "HCA (r = 128)", "V4.1 reuse layer (r = 2)" ... */
+static void layer_kind(const dsv4_config *cfg, int layer, char *buf, size_t n) {
+  dsv4_layer_info in = DSV4_LAYER_INFO_INIT;
+  const int r = dsv4_config_ratio(cfg, layer);
+  if (!cfg->v41 || r == 0 || dsv4_config_layer(cfg, layer, &in) != DSV4_OK) {
+    snprintf(buf, n, "%s", r == 0 ? "sliding window (r = 0)" : r == 4 ? "CSA (r = 4)" : "HCA (r = 128)");
+    return;
+  }
+  static const char *ROLE[] = {"window", "own", "kv source", "reindex layer", "reuse layer"};
+  snprintf(buf, n, "V4.1 %s (r = %d)", ROLE[in.role], r);
 }
 
 int cmd_run(cli_ctx *c, int argc, char **argv) {
@@ -83,33 +94,45 @@ int cmd_run(cli_ctx *c, int argc, char **argv) {
     return 1;
   }
   /* the backward starts after this share of the work (its FLOPs are about twice the forward's) */
-  dsv4_flops f = DSV4_FLOPS_INIT;
-  dsv4_layer_flops(&j.cfg, j.layer, &j.pk, &f);
+  double ffwd = 0, fbwd = 0;
+  for (int i = 0; i < j.n_lay; i++) {
+    dsv4_flops f = DSV4_FLOPS_INIT;
+    dsv4_layer_flops(&j.cfg, j.layer + i, &j.pk, &f);
+    ffwd += f.fwd, fbwd += f.bwd;
+  }
   const char *phases[] = {"forward", "backward"};
-  const double starts[] = {0, j.dout && f.fwd + f.bwd > 0 ? f.fwd / (f.fwd + f.bwd) : 1};
+  const double starts[] = {0, j.dout && ffwd + fbwd > 0 ? ffwd / (ffwd + fbwd) : 1};
   progress_phases(&prog, 2, phases, starts);
-  job_result r;
+  job_result *r = calloc((size_t)j.n_lay, sizeof *r);
   dsv4_cp_stats st = DSV4_CP_STATS_INIT;
   j.keep_local = 1; /* job_write streams every rank's rows to rank 0 */
-  job_execute(c, &j, 1, naive ? JOB_NAIVE : JOB_FAST, &r, &st);
+  if (!r) cli_error(c, "out of memory");
+  else job_execute(c, &j, 1, naive ? JOB_NAIVE : JOB_FAST, r, &st);
   if (!cli_sync(c)) {
     progress_at(&prog, "writing", 1);
-    job_write(c, &j, &r, output);
+    job_write(c, &j, r, output);
     if (!cli_sync(c)) {
       progress_stop(&prog);
       if (stats) print_stats(c, &st);
       if (!quiet) {
-        char bwd[64] = "";
-        if (j.dout) snprintf(bwd, sizeof bwd, " + backward %.3f s", r.bwd_seconds);
-        cli_say(c, "run: %lld tokens, %d rank%s, layer %d %s, forward %.3f s%s, wrote %s\n", (long long)j.T, c->size,
-                c->size > 1 ? "s" : "", j.layer, layer_kind(j.ratio), r.fwd_seconds, bwd, output);
+        char bwd[64] = "", what[96];
+        if (j.dout) snprintf(bwd, sizeof bwd, " + backward %.3f s", r[0].bwd_seconds);
+        if (j.suffixed) snprintf(what, sizeof what, "layers %d-%d", j.layer, j.layer + j.n_lay - 1);
+        else {
+          char kind[64];
+          layer_kind(&j.cfg, j.layer, kind, sizeof kind);
+          snprintf(what, sizeof what, "layer %d %s", j.layer, kind);
+        }
+        cli_say(c, "run: %lld tokens, %d rank%s, %s, forward %.3f s%s, wrote %s\n", (long long)j.T, c->size,
+                c->size > 1 ? "s" : "", what, r[0].fwd_seconds, bwd, output);
       }
     }
   }
   progress_stop(&prog);
   c->progress = NULL;
   int failed = c->err[0] != 0;
-  job_result_free(&r);
+  if (r) job_result_free(r, j.n_lay);
+  free(r);
   job_free(&j);
   return failed;
 }

@@ -51,7 +51,7 @@ static void train(cli_ctx *c, job *j, int64_t steps, double lr) {
   }
   const uint64_t ys = dsv4_random_stream(TARGET_STREAM);
   for (int64_t i = 0; i < n; i++) dsv4_random_fill(y + i * d, d, j->seed, ys, j->rows[i] * d, 1.0f);
-  if (job_make_layer(c, j, 1, &l, &comm)) goto done;
+  if (job_make_layer(c, j, 0, 1, &l, &comm)) goto done;
   if (cli_lib(c, dsv4_weights_create(&g, &j->cfg, j->layer))) goto done;
   const double norm = 1.0 / ((double)j->T * d);
   for (int64_t step = 1; step <= steps; step++) {

@@ -14,18 +14,26 @@
 #define FP8_BLOCK_DEFAULT 128 /* dsv4_config.fp8_block 0 = not given = V4's 128 */
 
 static const char *USAGE =
-    "usage: dsv4cp weights (--config config.json | --preset NAME) --layer L [--weights PATH]\n"
-    "                      [--export out.safetensors]\n"
+    "usage: dsv4cp weights (--config config.json | --preset NAME) (--layer L | --layers A-B)\n"
+    "                      [--weights PATH] [--export out.safetensors]\n"
     "\n"
-    "Lists every tensor layer L needs. Without --weights: the names and shapes a checkpoint must provide.\n"
+    "Lists every tensor layer L (or each layer of A..B) needs: a DeepSeek V4.1 layer only what its role\n"
+    "reads. Without --weights: the names and shapes a checkpoint must provide.\n"
     "With --weights (a .safetensors file, a model.safetensors.index.json, or a directory holding one):\n"
     "for each tensor the name found, shape, dtype in the file, shard, bytes read and whether it is\n"
     "dequantised (FP8 E4M3 x block scale) or converted; then loads the layer as `run` does, checking every\n"
     "value, and prints the time. --export also writes the layer's fp32 tensors under those names.";
 
-/* "CSA (compress ratio 4)" etc., and whether the layer is a multi-token-prediction layer. */
-static const char *kind_name(int r) {
-  return r == 0 ? "SWA, sliding window only" : r == 4 ? "CSA, compress ratio 4" : "HCA, compress ratio 128";
+/* "CSA, compress ratio 4", "V4.1 reuse layer, compress ratio 2" ... */
+static void kind_name(const dsv4_config *cfg, int layer, char *buf, size_t n) {
+  const int r = dsv4_config_ratio(cfg, layer);
+  dsv4_layer_info in = DSV4_LAYER_INFO_INIT;
+  if (cfg->v41 && dsv4_config_layer(cfg, layer, &in) == DSV4_OK) {
+    static const char *ROLE[] = {"window only", "own", "kv source", "reindex layer", "reuse layer"};
+    snprintf(buf, n, "V4.1 %s, compress ratio %d", ROLE[in.role], r);
+    return;
+  }
+  snprintf(buf, n, "%s", r == 0 ? "SWA, sliding window only" : r == 4 ? "CSA, compress ratio 4" : "HCA, compress ratio 128");
 }
 
 /* Prints s escaped (names come from files) left-aligned in width columns. */
@@ -36,14 +44,14 @@ static void put(const char *s, int width) {
 
 /* The names a checkpoint must hold for this layer (nothing read). */
 static void list_required(const dsv4_config *cfg, int layer, const dsv4_weights *w) {
-  const int nh = cfg->n_hidden_layers, mtp = nh > 0 && layer >= nh;
-  char prefix[48], shape[64], sshape[64], name[160];
+  const int nh = cfg->n_hidden_layers, mtp = nh > 0 && layer >= nh && !cfg->v41;
+  char prefix[48], shape[64], sshape[64], name[160], kind[64];
+  kind_name(cfg, layer, kind, sizeof kind);
   const int64_t b0 = cfg->fp8_block[0] > 0 ? cfg->fp8_block[0] : FP8_BLOCK_DEFAULT;
   const int64_t b1 = cfg->fp8_block[1] > 0 ? cfg->fp8_block[1] : FP8_BLOCK_DEFAULT;
   if (mtp) snprintf(prefix, sizeof prefix, "mtp.%d.", layer - nh);
   else snprintf(prefix, sizeof prefix, "layers.%d.", layer);
-  printf("layer %d (%s%s): the tensors a checkpoint must provide\n", layer, kind_name(dsv4_config_ratio(cfg, layer)),
-         mtp ? ", the multi-token-prediction layer" : "");
+  printf("layer %d (%s%s): the tensors a checkpoint must provide\n", layer, kind, mtp ? ", the multi-token-prediction layer" : "");
   printf("(names may also start with \"model.\"; a one-layer file may use the names after \"%s\". 2-d weights\n"
          " may be F8_E4M3 with a block scale \"<name minus weight>scale\" or \"<name>_scale_inv\", F8_E8M0 or F32,\n"
          " %lld x %lld blocks)\n\n", prefix, (long long)b0, (long long)b1);
@@ -154,30 +162,42 @@ done:
 }
 
 int cmd_weights(cli_ctx *c, int argc, char **argv) {
-  const char *config = NULL, *preset = NULL, *layer_s = NULL, *weights = NULL, *export_path = NULL;
+  const char *config = NULL, *preset = NULL, *layer_s = NULL, *layers_s = NULL, *weights = NULL, *export_path = NULL;
   const cli_opt opts[] = {
       {"config", "FILE", "config.json (released HF names or DeepSeek's ModelArgs names)", &config, NULL},
       {"preset", "NAME", "built-in config instead of --config: flash, pro or tiny", &preset, NULL},
-      {"layer", "L", "layer index (num_hidden_layers + i is the MTP layer mtp.i) (required)", &layer_s, NULL},
+      {"layer", "L", "layer index (V4: num_hidden_layers + i is the MTP layer mtp.i) (this or --layers)", &layer_s,
+       NULL},
+      {"layers", "A-B", "every layer of A..B (a V4.1 source group)", &layers_s, NULL},
       {"weights", "PATH", "checkpoint: .safetensors, model.safetensors.index.json or a directory", &weights, NULL},
       {"export", "FILE", "write the layer's dequantised fp32 tensors here (needs --weights)", &export_path, NULL},
       {0}};
   int p = cli_parse(c, argc, argv, 2, opts, USAGE);
   if (p == 1) return 0;
   dsv4_config cfg = DSV4_CONFIG_INIT;
-  int64_t layer = -1;
+  int64_t layer = -1, last = -1;
   if (p == 0 && !config == !preset) cli_error(c, "give exactly one of --config and --preset");
   if (!c->err[0]) cli_lib(c, preset ? dsv4_config_preset(&cfg, preset) : dsv4_config_load(&cfg, config));
-  if (!c->err[0] && !layer_s) cli_error(c, "--layer is required");
-  if (!c->err[0]) cli_int(c, "layer", layer_s, 0, cfg.n_layers - 1, &layer);
+  if (!c->err[0] && !layer_s == !layers_s)
+    cli_error(c, layer_s ? "--layer and --layers cannot both be given" : "--layer (or --layers) is required");
+  if (!c->err[0] && layer_s && !cli_int(c, "layer", layer_s, 0, cfg.n_layers - 1, &layer)) last = layer;
+  if (!c->err[0] && layers_s) {
+    long long a = -1, b = -1;
+    char tail = 0;
+    if (sscanf(layers_s, "%lld-%lld%c", &a, &b, &tail) != 2 || a < 0 || b < a || b >= cfg.n_layers)
+      cli_error(c, "--layers: '%s' is not A-B with 0 <= A <= B < %d", layers_s, cfg.n_layers);
+    layer = a, last = b;
+  }
   if (!c->err[0] && export_path && !weights) cli_error(c, "--export needs --weights (the checkpoint to read)");
+  if (!c->err[0] && export_path && last > layer) cli_error(c, "--export writes one layer: use --layer");
   if (!c->err[0] && export_path) job_check_output_path(c, "--export", export_path);
   if (cli_sync(c)) return 1;
-  if (c->rank == 0) {
+  for (int64_t L = layer; c->rank == 0 && L <= last && !c->err[0]; L++) {
     dsv4_weights *w = NULL;
-    if (!cli_lib(c, dsv4_weights_create(&w, &cfg, (int)layer))) {
+    if (L > layer) printf("\n");
+    if (!cli_lib(c, dsv4_weights_create(&w, &cfg, (int)L))) {
       if (weights) inspect(c, w, weights, export_path);
-      else list_required(&cfg, (int)layer, w);
+      else list_required(&cfg, (int)L, w);
     }
     dsv4_weights_free(w);
     fflush(stdout);

@@ -9,16 +9,24 @@
 #include "cli.h"
 
 typedef struct {
-  const char *config, *layer, *weights, *input, *grad, *seed, *seq, *batch, *split, *preset, *doc_lengths;
+  const char *config, *layer, *layers, *weights, *input, *grad, *seed, *seq, *batch, *split, *preset, *doc_lengths;
   int random_dout; /* without grad: dout from the seed (check, demo) */
   int recompute;   /* --recompute: keep fewer activations, rebuild them in the backward */
 } job_opts;
 
 typedef struct {
   dsv4_config cfg;
-  int layer, ratio;
+  int layer, ratio;    /* the (first) layer */
   uint64_t seed;
-  dsv4_weights *w;
+  dsv4_weights *w;     /* its weights (lw[0]) */
+  /* --layers A-B (docs/spec.md section 10): layers A..B run in order with one shared state, the
+   * backward in reverse; tensors are named x.{L}, dout.{L}, out.{L}, ... (--layer L: one layer,
+   * unsuffixed names) */
+  int n_lay;           /* layers in the range (1 for --layer) */
+  int suffixed;        /* 1: --layers */
+  dsv4_weights **lw;   /* [n_lay] */
+  float **lx, **ldout; /* [n_lay] this rank's rows of each layer's x and dout (lx[i] may be lx[0]:
+                          one x for every layer; ldout NULL entries without a backward) */
   /* the whole input (every rank knows the meta) */
   int64_t T, B, S;     /* B, S set for a [B, S, d] input (batched) */
   int x_ndim;          /* 2: [T, d], 3: [B, S, d] */
@@ -70,31 +78,36 @@ void job_collect_rows(const cli_ctx *c, const job_run *runs, int n_runs, const v
  * at a time. Collective. */
 void job_gather_rows(cli_ctx *c, const job *j, const void *local, size_t row_bytes, void *full);
 
-/* Results of one run: full size on rank 0 (NULL elsewhere), or this rank's rows when
- * job.keep_local is set. */
+/* Results of one run, per layer of the range: full size on rank 0 (NULL elsewhere), or this rank's
+ * rows when job.keep_local is set. */
 typedef struct {
+  int layer;
   float *out, *dx;        /* [T, d] or [n, d] */
-  int32_t *topk;          /* [T, k] or [n, k], or NULL */
-  float loss;             /* indexer loss (r == 4) */
+  int32_t *topk;          /* [T, k] or [n, k], or NULL (layers that do not select) */
+  int has_loss;           /* the layer has an indexer loss (r == 4, V4.1 index sources) */
+  float loss;
   dsv4_weights *grads;    /* rank-summed, or NULL */
   double fwd_seconds, bwd_seconds; /* wall time of the layer calls (max over ranks) */
 } job_result;
 
-/* Runs the layer on this rank's shard: CP over all ranks when cp is 1 and there are several,
- * forward, and backward when the job has dout (gradients summed over ranks). Results are gathered
- * full size on rank 0 (r's arrays allocated there; free with job_result_free). */
+/* Runs the range's layers on this rank's shard: CP over all ranks when cp is 1 and there are
+ * several, the forwards in order (one shared state), and the backwards in reverse when the job has
+ * dout (gradients summed over ranks). r: [n_lay] results, gathered full size on rank 0 unless
+ * keep_local (arrays allocated; free with job_result_free); stats: summed over the layers. */
 typedef enum { JOB_FAST = 0, JOB_NAIVE, JOB_NAIVE_OPS /* naive operators, BLAS products */ } job_path;
 void job_execute(cli_ctx *c, job *j, int cp, job_path path, job_result *r, dsv4_cp_stats *stats);
-void job_result_free(job_result *r);
+void job_result_free(job_result *r, int n);
+/* The name of a per-layer tensor: base ("out") for --layer, base.{L} for --layers. */
+void job_tensor_name(const job *j, const char *base, int layer, char *buf, size_t n);
 
 /* --split into cp (contiguous when absent); an unknown mode is an error naming it. Returns 0 on success. */
 int job_parse_split(cli_ctx *c, const job_opts *o, dsv4_cp_config *cp);
 /* --seq / --batch into S and B (left as given when absent); S * B must fit the int32 cu_seqlens. */
 int job_parse_shape(cli_ctx *c, const job_opts *o, int64_t *S, int64_t *B);
 
-/* A layer over the job's weights, patched for CP over all ranks when cp is 1 and there are several
- * (*comm then holds the communicator; free both). Records errors in c; returns 0 on success. */
-int job_make_layer(cli_ctx *c, job *j, int cp, dsv4_layer **l, dsv4_comm **comm);
+/* Layer i of the range over its weights, patched for CP over all ranks when cp is 1 and there are
+ * several (with *comm, created when NULL; free both). Records errors in c; returns 0 on success. */
+int job_make_layer(cli_ctx *c, job *j, int i, int cp, dsv4_layer **l, dsv4_comm **comm);
 
 /* max |a - b| and max |b| over n values. */
 void job_diff(const float *a, const float *b, int64_t n, double *max_diff, double *max_ref);

@@ -28,8 +28,10 @@ int job_common_opts(job_opts *o, cli_opt *opts, job_cmd cmd) {
                         bench ? "built-in config instead of --config: flash (default), pro or tiny"
                               : "built-in config instead of --config: flash, pro or tiny",
                         &o->preset, NULL};
-  opts[n++] = (cli_opt){"layer", "L", "layer index; its compress ratio picks the layer kind (required)", &o->layer,
-                        NULL};
+  opts[n++] = (cli_opt){"layer", "L", "layer index; its compress ratio picks the layer kind (this or --layers)",
+                        &o->layer, NULL};
+  opts[n++] = (cli_opt){"layers", "A-B", "layers A..B in order with one shared state (V4.1 source groups; tensors "
+                        "x.{L}, dout.{L}, out.{L}, ...)", &o->layers, NULL};
   opts[n++] = (cli_opt){"weights", "PATH", "the layer's tensors: .safetensors, model.safetensors.index.json or "
                         "a directory holding one (default: random from --seed)",
                         &o->weights, NULL};
@@ -53,6 +55,44 @@ int job_common_opts(job_opts *o, cli_opt *opts, job_cmd cmd) {
   return n;
 }
 
+/* --layers A-B (or a single L): 0 <= A <= B < n_layers. */
+static int parse_range(cli_ctx *c, job *j, const char *text) {
+  long long a = 0, b = 0;
+  char tail = 0;
+  const int got = sscanf(text, "%lld-%lld%c", &a, &b, &tail);
+  if (got == 1 && sscanf(text, "%lld%c", &a, &tail) == 1) b = a;
+  else if (got != 2) return cli_error(c, "--layers: '%s' is not A-B (two layer indices)", text), 1;
+  if (a < 0 || b < a || b >= j->cfg.n_layers)
+    return cli_error(c, "--layers: '%s' must satisfy 0 <= A <= B < %d (the config's layers)", text, j->cfg.n_layers), 1;
+  j->layer = (int)a;
+  j->n_lay = (int)(b - a + 1);
+  j->suffixed = 1;
+  return 0;
+}
+
+/* Every layer's sources inside the range (a V4.1 consumer needs its kv source, index source and
+ * candidate source to run first, in the same pass); the library's role errors (DSpark stages) too. */
+static int check_sources(cli_ctx *c, job *j) {
+  const int A = j->layer, B = j->layer + j->n_lay - 1;
+  for (int L = A; L <= B; L++) {
+    dsv4_layer_info in = DSV4_LAYER_INFO_INIT;
+    if (cli_lib(c, dsv4_config_layer(&j->cfg, L, &in))) return 1;
+    const int src[3] = {in.kv_source, in.index_source, in.uses_candidates ? j->cfg.candidate_source : -1};
+    static const char *what[3] = {"compressed kv", "top-k", "candidate blocks"};
+    for (int s = 0; s < 3; s++) {
+      if (src[s] < 0 || (src[s] >= A && src[s] <= B)) continue;
+      if (j->suffixed)
+        cli_error(c, "--layers %d-%d: layer %d reads layer %d's %s, which lies outside the range (start it at %d)", A,
+                  B, L, src[s], what[s], src[s]);
+      else
+        cli_error(c, "--layer %d reads layer %d's %s: run them together with --layers %d-%d", L, src[s], what[s],
+                  src[s], L);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 static void load_config(cli_ctx *c, job *j, const job_opts *o) {
   int64_t v;
   j->cfg = (dsv4_config)DSV4_CONFIG_INIT;
@@ -64,13 +104,19 @@ static void load_config(cli_ctx *c, job *j, const job_opts *o) {
   } else if (cli_lib(c, dsv4_config_load(&j->cfg, o->config))) {
     return;
   }
-  if (!o->layer) {
-    cli_error(c, "--layer is required");
+  if (!o->layer == !o->layers) {
+    cli_error(c, o->layer ? "--layer and --layers cannot both be given" : "--layer (or --layers) is required");
     return;
   }
-  if (cli_int(c, "layer", o->layer, 0, j->cfg.n_layers - 1, &v)) return;
-  j->layer = (int)v;
+  if (o->layers) {
+    if (parse_range(c, j, o->layers)) return;
+  } else {
+    if (cli_int(c, "layer", o->layer, 0, j->cfg.n_layers - 1, &v)) return;
+    j->layer = (int)v;
+    j->n_lay = 1;
+  }
   j->ratio = dsv4_config_ratio(&j->cfg, j->layer);
+  if (check_sources(c, j)) return;
   j->recompute = o->recompute;
   if (o->seed && cli_int(c, "seed", o->seed, 0, INT64_MAX, &v) == 0) j->seed = (uint64_t)v;
   job_parse_split(c, o, &j->cp);
@@ -98,11 +144,21 @@ int job_parse_shape(cli_ctx *c, const job_opts *o, int64_t *S, int64_t *B) {
 }
 
 static void load_weights(cli_ctx *c, job *j, const job_opts *o) {
-  if (cli_lib(c, dsv4_weights_create(&j->w, &j->cfg, j->layer))) return;
-  if (o->weights)
-    cli_lib(c, dsv4_weights_load(j->w, o->weights));
-  else
-    cli_lib(c, dsv4_weights_init_random(j->w, j->seed));
+  j->lw = calloc((size_t)j->n_lay, sizeof *j->lw);
+  j->lx = calloc((size_t)j->n_lay, sizeof *j->lx);
+  j->ldout = calloc((size_t)j->n_lay, sizeof *j->ldout);
+  if (!j->lw || !j->lx || !j->ldout) {
+    cli_error(c, "out of memory");
+    return;
+  }
+  for (int i = 0; i < j->n_lay && !c->err[0]; i++) {
+    if (cli_lib(c, dsv4_weights_create(&j->lw[i], &j->cfg, j->layer + i))) return;
+    if (o->weights)
+      cli_lib(c, dsv4_weights_load(j->lw[i], o->weights));
+    else
+      cli_lib(c, dsv4_weights_init_random(j->lw[i], j->seed));
+  }
+  j->w = j->lw[0];
 }
 
 /* x and dout must be F32, BF16 or F16 (docs/spec.md section 7); F64 and integer dtypes are refused
@@ -195,9 +251,13 @@ static void input_meta(cli_ctx *c, job *j, const job_opts *o, dsv4_st_file **fp,
     return;
   }
   if (cli_lib(c, dsv4_st_open(fp, o->input))) return;
+  char first[32];
+  job_tensor_name(j, "x", j->layer, first, sizeof first);
   const dsv4_st_info *x = *xi = dsv4_st_find(*fp, "x");
+  if (!x && j->suffixed) x = *xi = dsv4_st_find(*fp, first); /* x.{L} for every layer of the range */
   if (!x) {
-    cli_error(c, "%s: missing tensor 'x'", o->input);
+    if (j->suffixed) cli_error(c, "%s: missing tensor 'x' (one for every layer) or '%s'", o->input, first);
+    else cli_error(c, "%s: missing tensor 'x'", o->input);
     return;
   }
   if (x->ndim != 2 && x->ndim != 3) {
@@ -206,7 +266,7 @@ static void input_meta(cli_ctx *c, job *j, const job_opts *o, dsv4_st_file **fp,
   }
   if (input_float_dtype(c, o->input, x)) return;
   if (x->shape[x->ndim - 1] != d) {
-    cli_error(c, "%s: tensor 'x' has width %lld but hidden_size is %lld", o->input,
+    cli_error(c, "%s: tensor '%s' has width %lld but hidden_size is %lld", o->input, x->name,
               (long long)x->shape[x->ndim - 1], (long long)d);
     return;
   }
@@ -289,21 +349,52 @@ static float *read_rows(cli_ctx *c, job *j, dsv4_st_file *f, const dsv4_st_info 
   return mine;
 }
 
+/* Tensor `name` of f, of x's shape ([T, d] or [B, S, d]) and a float dtype, checked before any read;
+ * NULL (error recorded) otherwise. */
+static const dsv4_st_info *row_tensor(cli_ctx *c, const job *j, dsv4_st_file *f, const char *file, const char *name,
+                                      const char *what) {
+  const dsv4_st_info *t = dsv4_st_find(f, name);
+  if (!t) {
+    cli_error(c, "%s: missing tensor '%s'", file, name);
+  } else if (input_float_dtype(c, file, t)) { /* recorded */
+    t = NULL;
+  } else if (t->ndim != j->x_ndim || t->numel != j->T * j->cfg.dim || t->shape[t->ndim - 1] != j->cfg.dim ||
+             (j->x_ndim == 3 && t->shape[0] != j->B)) {
+    cli_error(c, "%s: tensor '%s' must have the shape of %s (%s)", file, name, what,
+              j->x_ndim == 3 ? "[B, S, d]" : "[T, d]");
+    t = NULL;
+  }
+  return t;
+}
+
 static void load_grad(cli_ctx *c, job *j, const job_opts *o) {
   dsv4_st_file *g = NULL;
   if (cli_lib(c, dsv4_st_open(&g, o->grad))) return;
-  const dsv4_st_info *t = dsv4_st_find(g, "dout");
-  if (!t) {
-    cli_error(c, "%s: missing tensor 'dout'", o->grad);
-  } else if (input_float_dtype(c, o->grad, t)) { /* recorded */
-  } else if (t->ndim != j->x_ndim || t->numel != j->T * j->cfg.dim || t->shape[t->ndim - 1] != j->cfg.dim ||
-             (j->x_ndim == 3 && t->shape[0] != j->B)) { /* exactly x's shape, checked before any read */
-    cli_error(c, "%s: tensor 'dout' must have the shape of the output (%s)", o->grad,
-              j->x_ndim == 3 ? "[B, S, d]" : "[T, d]");
-  } else {
-    j->dout = read_rows(c, j, g, t, "dout");
+  const int one = j->suffixed && dsv4_st_find(g, "dout"); /* one dout for every layer, like one x */
+  for (int i = 0; i < j->n_lay && !c->err[0]; i++) {
+    char name[32];
+    job_tensor_name(j, "dout", j->layer + i, name, sizeof name);
+    const dsv4_st_info *t = row_tensor(c, j, g, o->grad, one ? "dout" : name, "the output");
+    if (t) j->ldout[i] = read_rows(c, j, g, t, one ? "dout" : name);
   }
+  j->dout = j->ldout[0];
   dsv4_st_close(g);
+}
+
+/* x of every layer: the one 'x', or x.{L} for each layer of the range. */
+static void load_x(cli_ctx *c, job *j, dsv4_st_file *f, const dsv4_st_info *xi, const char *file) {
+  if (!strcmp(xi->name, "x")) {
+    if ((j->lx[0] = read_rows(c, j, f, xi, "x")))
+      for (int i = 1; i < j->n_lay; i++) j->lx[i] = j->lx[0];
+  } else {
+    for (int i = 0; i < j->n_lay && !c->err[0]; i++) {
+      char name[32];
+      job_tensor_name(j, "x", j->layer + i, name, sizeof name);
+      const dsv4_st_info *t = row_tensor(c, j, f, file, name, "the first layer's x");
+      if (t) j->lx[i] = read_rows(c, j, f, t, name);
+    }
+  }
+  j->x = j->lx[0];
 }
 
 /* This rank's rows of a seeded random [T, d] tensor: element (g, e) depends only on (seed, g, e). */
@@ -330,23 +421,33 @@ void job_load(cli_ctx *c, job *j, const job_opts *o) {
   if (!c->err[0]) job_reshard(c, j, c->rank, c->size);
   if (!c->err[0]) {
     if (f) {
-      j->x = read_rows(c, j, f, xi, "x");
-    } else {
-      j->x = random_rows(c, j, RANDOM_X_STREAM);
+      load_x(c, j, f, xi, o->input);
+    } else { /* one random x serves every layer of the range */
+      if ((j->x = j->lx[0] = random_rows(c, j, RANDOM_X_STREAM)))
+        for (int i = 1; i < j->n_lay; i++) j->lx[i] = j->lx[0];
     }
   }
   if (!c->err[0] && o->grad) load_grad(c, j, o);
-  if (!c->err[0] && !o->grad && o->random_dout) j->dout = random_rows(c, j, RANDOM_DOUT_STREAM);
+  for (int i = 0; i < j->n_lay && !c->err[0] && !o->grad && o->random_dout; i++) {
+    char name[48]; /* a stream per layer of a range (the first keeps the one-layer stream) */
+    job_tensor_name(j, RANDOM_DOUT_STREAM, j->layer + i, name, sizeof name);
+    j->ldout[i] = random_rows(c, j, i == 0 ? RANDOM_DOUT_STREAM : name);
+  }
+  if (j->ldout) j->dout = j->ldout[0];
   dsv4_st_close(f);
 }
 
 void job_free(job *j) {
-  dsv4_weights_free(j->w);
+  for (int i = 0; j->lw && i < j->n_lay; i++) dsv4_weights_free(j->lw[i]);
+  for (int i = 0; j->lx && i < j->n_lay; i++)
+    if (i == 0 || j->lx[i] != j->lx[0]) free(j->lx[i]);
+  for (int i = 0; j->ldout && i < j->n_lay; i++) free(j->ldout[i]);
+  free(j->lw);
+  free(j->lx);
+  free(j->ldout);
   free(j->cu);
   free(j->real);
   free(j->rows);
-  free(j->x);
-  free(j->dout);
   memset(j, 0, sizeof *j);
 }
 

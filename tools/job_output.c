@@ -113,59 +113,96 @@ static dsv4_status fill_piece(void *vctx, int64_t r0, int64_t n, void *dst) {
   return DSV4_OK;
 }
 
-void job_write(cli_ctx *c, const job *j, const job_result *r, const char *path) {
+/* The tensors of one layer's results in the order the file holds them, with their row sources. */
+typedef struct {
+  char name[48];
+  const void *local;
+  size_t row_bytes;
+  int dtype, ndim;
+  int64_t shape[3];
+} row_tensor;
+
+static int layer_tensors(const job *j, const job_result *r, row_tensor *t) {
   const int64_t d = j->cfg.dim, k = j->cfg.index_topk;
-  int64_t xshape[3] = {j->x_ndim == 3 ? j->B : j->T, j->x_ndim == 3 ? j->S : d, d};
-  int64_t tshape[2] = {j->T, k}, one = 1;
-  piece_ctx ctx[3];
+  const int64_t xs[3] = {j->x_ndim == 3 ? j->B : j->T, j->x_ndim == 3 ? j->S : d, d};
+  int n = 0;
+  t[n] = (row_tensor){"", r->out, sizeof(float) * (size_t)d, DSV4_DT_F32, j->x_ndim, {xs[0], xs[1], xs[2]}};
+  job_tensor_name(j, "out", r->layer, t[n++].name, sizeof t->name);
+  if (r->topk) {
+    t[n] = (row_tensor){"", r->topk, sizeof(int32_t) * (size_t)k, DSV4_DT_I32, 2, {j->T, k, 0}};
+    job_tensor_name(j, "topk_ids", r->layer, t[n++].name, sizeof t->name);
+  }
+  if (r->dx) {
+    t[n] = (row_tensor){"", r->dx, sizeof(float) * (size_t)d, DSV4_DT_F32, j->x_ndim, {xs[0], xs[1], xs[2]}};
+    job_tensor_name(j, "dx", r->layer, t[n++].name, sizeof t->name);
+  }
+  return n;
+}
+
+void job_write(cli_ctx *c, const job *j, const job_result *r, const char *path) {
+  const int nl = j->n_lay;
+  int64_t one = 1;
+  row_tensor *rt = calloc((size_t)nl * 3 + 1, sizeof *rt);
+  piece_ctx *ctx = calloc((size_t)nl * 3 + 1, sizeof *ctx);
   dsv4_st_writer *w = NULL;
   char **names = NULL;
-  const int n_grads = r->grads ? dsv4_weights_count(r->grads) : 0;
-  int n_runs = 0;
+  int n_names = 0, n_rt = 0, n_runs = 0, bad = 0;
   job_run *runs = NULL;
-  if (job_owners(c, j, &runs, &n_runs)) { /* global values only: every rank fails alike */
+  if (!rt || !ctx) bad = (cli_error(c, "out of memory"), 1);
+  if (!bad && job_owners(c, j, &runs, &n_runs)) bad = 1; /* global values only: every rank fails alike */
+  if (bad) {
     cli_abort(c);
     return;
   }
-  const void *locals[3] = {r->out, r->topk, r->dx};
-  const size_t row_bytes[3] = {sizeof(float) * (size_t)d, sizeof(int32_t) * (size_t)k, sizeof(float) * (size_t)d};
-  for (int t = 0; t < 3; t++) ctx[t] = (piece_ctx){c, runs, n_runs, locals[t], row_bytes[t]};
+  int first[nl + 1]; /* each layer's first row tensor */
+  for (int i = 0; i < nl; i++) {
+    first[i] = n_rt;
+    n_rt += layer_tensors(j, &r[i], rt + n_rt);
+  }
+  first[nl] = n_rt;
+  for (int t = 0; t < n_rt; t++) ctx[t] = (piece_ctx){c, runs, n_runs, rt[t].local, rt[t].row_bytes};
   if (c->rank != 0) { /* the senders: the same pieces, in the order rank 0's writer asks for them */
-    for (int t = 0; t < 3; t++) {
-      if (!locals[t]) continue;
-      const int64_t per = piece_rows(row_bytes[t]);
+    for (int t = 0; t < n_rt; t++) {
+      const int64_t per = piece_rows(rt[t].row_bytes);
       for (int64_t r0 = 0; r0 < j->T; r0 += per) fill_piece(&ctx[t], r0, j->T - r0 < per ? j->T - r0 : per, NULL);
     }
-    free(runs);
+    free(runs), free(rt), free(ctx);
     return;
   }
-  int bad = cli_lib(c, dsv4_st_writer_create(&w));
-  if (!bad && !(names = calloc((size_t)n_grads + 1, sizeof *names))) bad = (cli_error(c, "out of memory"), 1);
-  if (!bad)
-    bad = cli_lib(c, dsv4_st_writer_add_rows(w, "out", DSV4_DT_F32, j->x_ndim, xshape, piece_rows(row_bytes[0]),
-                                             fill_piece, &ctx[0]));
-  if (!bad && r->topk)
-    bad = cli_lib(c, dsv4_st_writer_add_rows(w, "topk_ids", DSV4_DT_I32, 2, tshape, piece_rows(row_bytes[1]),
-                                             fill_piece, &ctx[1]));
-  if (!bad && j->ratio == 4) bad = cli_lib(c, dsv4_st_writer_add(w, "indexer_loss", DSV4_DT_F32, 1, &one, &r->loss));
-  if (!bad && r->dx)
-    bad = cli_lib(c, dsv4_st_writer_add_rows(w, "dx", DSV4_DT_F32, j->x_ndim, xshape, piece_rows(row_bytes[2]),
-                                             fill_piece, &ctx[2]));
-  for (int i = 0; i < n_grads && !bad; i++) {
-    dsv4_tensor t = DSV4_TENSOR_INIT;
-    const char *prefix = dsv4_weights_prefix(j->w);
-    bad = cli_lib(c, dsv4_weights_get(r->grads, i, &t));
-    const size_t len = bad ? 0 : strlen(prefix) + strlen(t.name) + 8;
-    if (!bad && !(names[i] = malloc(len))) bad = (cli_error(c, "out of memory"), 1);
-    if (!bad) {
-      job_grad_name(j, t.name, names[i], len);
-      bad = cli_lib(c, dsv4_st_writer_add(w, names[i], DSV4_DT_F32, t.ndim, t.shape, t.data));
+  int n_grads = 0;
+  for (int i = 0; i < nl; i++) n_grads += r[i].grads ? dsv4_weights_count(r[i].grads) : 0;
+  bad = cli_lib(c, dsv4_st_writer_create(&w));
+  if (!bad && !(names = calloc((size_t)(n_grads + nl) + 1, sizeof *names))) bad = (cli_error(c, "out of memory"), 1);
+  for (int i = 0; i < nl && !bad; i++) {
+    for (int t = first[i]; t < first[i + 1] && !bad; t++) {
+      bad = cli_lib(c, dsv4_st_writer_add_rows(w, rt[t].name, (dsv4_dtype)rt[t].dtype, rt[t].ndim, rt[t].shape,
+                                               piece_rows(rt[t].row_bytes), fill_piece, &ctx[t]));
+      if (!bad && r[i].has_loss && t == first[i] + (r[i].topk ? 1 : 0)) { /* indexer_loss after topk_ids */
+        char *nm = names[n_names++] = malloc(48);
+        if (!nm) bad = (cli_error(c, "out of memory"), 1);
+        else {
+          job_tensor_name(j, "indexer_loss", r[i].layer, nm, 48);
+          bad = cli_lib(c, dsv4_st_writer_add(w, nm, DSV4_DT_F32, 1, &one, &r[i].loss));
+        }
+      }
     }
   }
+  for (int i = 0; i < nl && !bad; i++)
+    for (int g = 0; r[i].grads && g < dsv4_weights_count(r[i].grads) && !bad; g++) {
+      dsv4_tensor t = DSV4_TENSOR_INIT;
+      const char *prefix = dsv4_weights_prefix(j->lw[i]);
+      bad = cli_lib(c, dsv4_weights_get(r[i].grads, g, &t));
+      const size_t len = bad ? 0 : strlen(prefix) + strlen(t.name) + 8;
+      if (!bad && !(names[n_names] = malloc(len))) bad = (cli_error(c, "out of memory"), 1);
+      if (!bad) {
+        snprintf(names[n_names], len, "grad.%s%s", prefix, t.name);
+        bad = cli_lib(c, dsv4_st_writer_add(w, names[n_names++], DSV4_DT_F32, t.ndim, t.shape, t.data));
+      }
+    }
   /* the other ranks are sending (or about to): a failure here cannot be reported by cli_sync */
   if (bad || cli_lib(c, dsv4_st_writer_save(w, path))) cli_abort(c);
   dsv4_st_writer_free(w);
-  for (int i = 0; names && i < n_grads; i++) free(names[i]);
+  for (int i = 0; names && i < n_names; i++) free(names[i]);
   free(names);
-  free(runs);
+  free(runs), free(rt), free(ctx);
 }

@@ -35,6 +35,9 @@ class Config(ctypes.Structure):
         ("eps", c_double), ("index_loss_coeff", c_double),
         ("index_loss_mode", c_int),
         ("n_hidden_layers", c_int), ("fp8_block", c_int * 2),
+        ("v41", c_int), ("n_kv_sources", c_int), ("kv_sources", c_int * MAX_LAYERS),
+        ("n_index_sources", c_int), ("index_sources", c_int * MAX_LAYERS),
+        ("candidate_source", c_int), ("candidate_topk_blocks", c_int), ("candidate_block_size", c_int),
     ]
 
 
@@ -58,7 +61,7 @@ class CPConfig(ctypes.Structure):
 class LayerFwdArgs(ctypes.Structure):
     """dsv4_layer_fwd_args."""
     _fields_ = HEAD + [("out", c_void_p), ("topk_ids", c_void_p), ("indexer_loss", c_void_p), ("x", c_void_p),
-                       ("n", c_int64), ("pk", c_void_p), ("train", c_int)]
+                       ("n", c_int64), ("pk", c_void_p), ("train", c_int), ("shared", c_void_p)]
 
 
 class LayerBwdArgs(ctypes.Structure):
@@ -66,9 +69,18 @@ class LayerBwdArgs(ctypes.Structure):
     _fields_ = HEAD + [("dx", c_void_p), ("grads", c_void_p), ("dout", c_void_p), ("d_loss", ctypes.c_float)]
 
 
+class LayerInfo(ctypes.Structure):
+    """dsv4_layer_info."""
+    _fields_ = HEAD + [("layer", c_int), ("ratio", c_int), ("role", c_int), ("kv_source", c_int),
+                       ("index_source", c_int), ("selects", c_int), ("candidate_source", c_int),
+                       ("uses_candidates", c_int)]
+
+
+ROLE_NAMES = ("window", "own", "kv source", "reindex", "reuse")   # dsv4_role
+
 # C type name -> (mirror, fields the binding touches); the layout test checks all fields anyway
 MIRRORED = {"dsv4_config": Config, "dsv4_tensor": Tensor, "dsv4_packing": Packing, "dsv4_cp_config": CPConfig,
-            "dsv4_layer_fwd_args": LayerFwdArgs, "dsv4_layer_bwd_args": LayerBwdArgs}
+            "dsv4_layer_fwd_args": LayerFwdArgs, "dsv4_layer_bwd_args": LayerBwdArgs, "dsv4_layer_info": LayerInfo}
 
 
 def make(cls, **fields):

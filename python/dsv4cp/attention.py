@@ -1,5 +1,12 @@
-"""attention.py: dsv4cp.Attention, a torch.nn.Module over one DeepSeek V4 attention layer of the C
-library (SPEC section 9), its autograd function, and allreduce_grads / shard_rows.
+"""attention.py: dsv4cp.Attention, a torch.nn.Module over one DeepSeek V4 / V4.1 attention layer of
+the C library (SPEC sections 9 and 10), dsv4cp.Shared (the state V4.1 layers share in one forward
+pass), their autograd function, and allreduce_grads / shard_rows.
+
+V4.1: a kv source writes its compressed kv into the Shared object of the pass and the layers of its
+group read it; in the backward each adds its gradient of it there and the kv source's backward,
+which must come last, uses the sums. Autograd is made to run them in that order: the kv source's
+forward also returns a 0-dim token (kept in the Shared object) that every reader takes as an input,
+so the source's backward waits for all of theirs.
 
 Memory: every parameter is a view of the library's own weight memory, so load_state_dict and an
 optimizer's in-place updates reach the C layer without a copy (a parameter whose .data a user
@@ -32,11 +39,11 @@ from torch.autograd.function import once_differentiable
 
 from . import _lib
 from ._lib import DSV4Error, check, lib
-from ._structs import (Config, CPConfig, LayerBwdArgs, LayerFwdArgs, Packing, SPLIT_CONTIGUOUS, SPLIT_ZIGZAG,
-                       Tensor, make)
+from ._structs import (Config, CPConfig, LayerBwdArgs, LayerFwdArgs, LayerInfo, Packing, ROLE_NAMES,
+                       SPLIT_CONTIGUOUS, SPLIT_ZIGZAG, Tensor, make)
 
 SPLITS = {"contiguous": SPLIT_CONTIGUOUS, "zigzag": SPLIT_ZIGZAG}
-CSA_RATIO = 4
+ROLE_FULL = 2   # dsv4_role: a V4.1 kv source
 _EXCEPTIONS = {c.__name__: c for c in (ValueError, TypeError, DSV4Error, RuntimeError)}
 _live_cp = weakref.WeakSet()   # layer owners of CP modules: freed (layer, then communicator) at exit
 _atexit_registered = []
@@ -153,34 +160,57 @@ class AttentionOutput(NamedTuple):
     indexer_loss: Optional[torch.Tensor]
 
 
+class Shared:
+    """The state DeepSeek V4.1 layers share in ONE forward pass (SPEC 10): create one per pass and
+    hand it to every layer, called in model order; autograd runs the backwards in reverse. V4
+    layers accept it and ignore it. reset() starts another pass with the same buffers (after the
+    previous pass's backward)."""
+
+    def __init__(self):
+        h = ctypes.c_void_p()
+        check(lib.dsv4_shared_create(ctypes.byref(h)))
+        self._owned = _Owned(h, lib.dsv4_shared_free)
+        self.tokens = {}   # kv source layer -> its token (the readers' autograd dependency)
+
+    @property
+    def handle(self):
+        return self._owned.handle
+
+    def reset(self):
+        lib.dsv4_shared_reset(self._owned.handle)
+        self.tokens = {}
+
+
 class _LayerFunction(torch.autograd.Function):
-    """out, topk_ids, indexer_loss = layer(x); params are inputs so that autograd routes their
-    gradients (the C layer reads them from its own memory, which they view). The backward is the
-    library's, computed once: it is not itself differentiable (a double backward raises instead of
-    quietly dropping the second-order terms)."""
+    """out, topk_ids, indexer_loss, token = layer(x); params are inputs so that autograd routes their
+    gradients (the C layer reads them from its own memory, which they view). token_in: a V4.1
+    reader's kv source token (its backward then waits for this one); token out: a kv source's. The
+    backward is the library's, computed once: it is not itself differentiable (a double backward
+    raises instead of quietly dropping the second-order terms)."""
 
     @staticmethod
-    def forward(ctx, attn, meta, x, *params):
-        out, topk, loss = attn._forward_c(x, meta, train=True)
-        ctx.attn, ctx.meta, ctx.generation = attn, meta, attn._generation
+    def forward(ctx, attn, meta, shared, x, token_in, *params):
+        out, topk, loss = attn._forward_c(x, meta, train=True, shared=shared)
+        ctx.attn, ctx.meta, ctx.generation, ctx.shared = attn, meta, attn._generation, shared
         ctx.save_for_backward(x, *params)   # version counters: in-place changes before backward raise
         ctx.mark_non_differentiable(topk)
-        return out, topk, loss
+        return out, topk, loss, torch.zeros(())
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dout, _dtopk, dloss):
+    def backward(ctx, dout, _dtopk, dloss, _dtoken):
         attn = ctx.attn
         x = ctx.saved_tensors[0]
         dx, grads = attn._backward_c(ctx.generation, ctx.meta, x, dout, dloss)
-        return (None, None, dx) + tuple(grads)
+        return (None, None, None, dx, None) + tuple(grads)
 
 
 # ---- the module ---------------------------------------------------------------------------------
 
 class Attention(torch.nn.Module):
-    """One DeepSeek V4 attention layer (sliding window, CSA or HCA by the layer's compress ratio)
-    computed by libdsv4cp, forward and backward, optionally with context parallelism.
+    """One DeepSeek V4 attention layer (sliding window, CSA or HCA by the layer's compress ratio), or
+    V4.1 layer (a kv source, a reindex or reuse layer, window only: SPEC 10), computed by libdsv4cp,
+    forward and backward, optionally with context parallelism.
 
     Attention(config, layer, comm=None, split="contiguous", recompute=False, seed=0)
       config: path of a config.json, or a dict of its keys; layer: index into compress_ratios;
@@ -191,13 +221,16 @@ class Attention(torch.nn.Module):
       library's calls, a setting of this module alone (dsv4_layer_set_threads; default: the dsv4cp
       program's rule, OMP_NUM_THREADS or cores / ranks per node).
 
-    out, topk_ids, indexer_loss = attn(x, cu_seqlens=None, seqlens_real=None)   # an AttentionOutput
+    out, topk_ids, indexer_loss = attn(x, cu_seqlens=None, seqlens_real=None, shared=None)   # an AttentionOutput
       x: float32 [n_local, d] (packed stream; this rank's rows under CP) or [B, S_local, d] (B sequences);
       other dtypes raise TypeError (the library computes in float32 and converts nothing silently),
       a NaN or infinite value raises ValueError;
       cu_seqlens, seqlens_real: int32, GLOBAL (the whole stream, every rank the same).
-      out: the shape of x; topk_ids: int32 [n_local, index_topk] global compressed ids (r = 4) or
-      None; indexer_loss: 0-dim tensor, the whole-batch value on every rank (r = 4), or None.
+      shared: a dsv4cp.Shared, one per forward pass, for V4.1 layers that read another layer's
+      compressed kv or top-k (required for them; ignored by V4 layers);
+      out: the shape of x; topk_ids: int32 [n_local, index_topk] global compressed ids (r = 4, V4.1
+      index sources) or None; indexer_loss: 0-dim tensor, the whole-batch value on every rank (the
+      same layers), or None.
     """
 
     def __init__(self, config, layer, comm=None, split="contiguous", recompute=False, seed=0, threads=None):
@@ -242,6 +275,11 @@ class Attention(torch.nn.Module):
         self._weights = _Owned(w, lib.dsv4_weights_free)
         check(lib.dsv4_weights_init_random(w, int(seed)))
         self.ratio = lib.dsv4_config_ratio(cfg, layer)
+        info = make(LayerInfo)
+        check(lib.dsv4_config_layer(cfg, layer, ctypes.cast(ctypes.byref(info), ctypes.c_void_p)))
+        self.role, self.selects = ROLE_NAMES[info.role], bool(info.selects)
+        self.kv_source = info.kv_source
+        self._full = info.role == ROLE_FULL and bool(cfg.v41)
         self.dim, self.index_topk = cfg.dim, cfg.index_topk
         self._params, self._views = [], []
         for name, ptr, shape, numel in _weights_tensors(self._weights):
@@ -342,7 +380,8 @@ class Attention(torch.nn.Module):
         return lib.dsv4_weights_prefix(self._weights.handle).decode()
 
     def extra_repr(self):
-        return f"layer={self.layer}, compress_ratio={self.ratio}, dim={self.dim}, ranks={self.size}, split={self.split}"
+        return (f"layer={self.layer}, compress_ratio={self.ratio}, role={self.role}, dim={self.dim}, ranks={self.size}, "
+                f"split={self.split}")
 
     # -- weights -------------------------------------------------------------------------------
     def _rebind_views(self):
@@ -426,13 +465,15 @@ class Attention(torch.nn.Module):
         meta = _Meta(T, cu, real, batched, n_local, tuple(x.shape))
         return meta
 
-    def forward(self, x, cu_seqlens=None, seqlens_real=None):
+    def forward(self, x, cu_seqlens=None, seqlens_real=None, shared=None):
         with self._lock:
-            return self._forward_locked(x, cu_seqlens, seqlens_real)
+            return self._forward_locked(x, cu_seqlens, seqlens_real, shared)
 
-    def _forward_locked(self, x, cu_seqlens, seqlens_real):
+    def _forward_locked(self, x, cu_seqlens, seqlens_real, shared):
         meta, err = None, None
         try:
+            if shared is not None and not isinstance(shared, Shared):
+                raise TypeError(f"shared must be a dsv4cp.Shared, not {type(shared).__name__}")
             meta = self._meta(x, cu_seqlens, seqlens_real)
             self._sync_params()
         except (ValueError, TypeError, DSV4Error) as e:
@@ -441,24 +482,30 @@ class Attention(torch.nn.Module):
         train = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self._params))
         xc = x.to(torch.float32).contiguous()   # no copy when already contiguous fp32
         if train:
-            out, topk, loss = _LayerFunction.apply(self, meta, xc, *self._params)
+            token_in = None
+            if shared is not None and not self._full and self.kv_source >= 0:
+                token_in = shared.tokens.get(self.kv_source)   # absent: the library names the missing source
+            out, topk, loss, token = _LayerFunction.apply(self, meta, shared, xc, token_in, *self._params)
+            if shared is not None and self._full:
+                shared.tokens[self.layer] = token
         else:
             with torch.no_grad():
-                out, topk, loss = self._forward_c(xc, meta, train=False)
-        if self.ratio != CSA_RATIO:
+                out, topk, loss = self._forward_c(xc, meta, train=False, shared=shared)
+        if not self.selects:
             return AttentionOutput(out, None, None)
         return AttentionOutput(out, topk, loss)
 
-    def _forward_c(self, x, meta, train):
+    def _forward_c(self, x, meta, train, shared=None):
         self._generation += 1
         self._live = None
-        csa = self.ratio == CSA_RATIO
+        sel = self.selects
         out = torch.empty(meta.x_shape, dtype=torch.float32)
-        topk = torch.empty((meta.n_local, self.index_topk) if csa else (0,), dtype=torch.int32)
+        topk = torch.empty((meta.n_local, self.index_topk) if sel else (0,), dtype=torch.int32)
         loss = torch.zeros((), dtype=torch.float32)
-        args = make(LayerFwdArgs, out=_ptr(out), topk_ids=_ptr(topk) if csa else None,
-                    indexer_loss=_ptr(loss) if csa else None, x=_ptr(x), n=meta.n_local,
-                    pk=ctypes.cast(ctypes.byref(meta.pk), ctypes.c_void_p), train=int(train))
+        args = make(LayerFwdArgs, out=_ptr(out), topk_ids=_ptr(topk) if sel else None,
+                    indexer_loss=_ptr(loss) if sel else None, x=_ptr(x), n=meta.n_local,
+                    pk=ctypes.cast(ctypes.byref(meta.pk), ctypes.c_void_p), train=int(train),
+                    shared=shared.handle if shared is not None else None)
         check(lib.dsv4_layer_forward(self._layer.handle, ctypes.byref(args)))
         if train:
             self._live = self._generation

@@ -22,18 +22,22 @@ void dsv4_arena_free(dsv4_arena *a) {
   a->cap = a->used = 0;
 }
 
-void dsv4_dims_of(dsv4_dims *dm, const dsv4_config *cfg, const dsv4_plan *p, int recompute, dsv4_impl impl) {
+void dsv4_dims_of(dsv4_dims *dm, const dsv4_config *cfg, const dsv4_layer_info *info, const dsv4_plan *p,
+                  int recompute, dsv4_impl impl) {
   const dsv4_layout *l = &p->lay;
-  const int r = p->key.ratio;
+  const int r = p->key.ratio, v41 = cfg->v41 != 0;
   *dm = (dsv4_dims){.ratio = r, .recompute = recompute != 0, .fast = impl == DSV4_IMPL_FAST,
-                    .sparse_kl = cfg->index_loss_mode == DSV4_KL_SPARSE, .n = p->n,
+                    .sparse_kl = cfg->index_loss_mode == DSV4_KL_SPARSE,
+                    .compresses = v41 ? info->role == DSV4_ROLE_FULL : r > 0, .gate = !v41 || r > 1,
+                    .v4_keys = !v41 && r == 4, .v41_keys = v41 && info->role == DSV4_ROLE_FULL, .own_cmp = !v41,
+                    .selects = info->selects, .sparse = v41 ? r > 0 : r == 4, .head_norm = !v41, .n = p->n,
                     .m = p->n < DSV4_CHUNK_ROWS ? p->n : DSV4_CHUNK_ROWS, .R_kv = l->R_kv, .R_c = l->R_c,
                     .ext_kv = l->ext_kv, .n_blk = l->n_blk, .n_blk_all = l->n_blk_all,
                     .n_cmp = r > 0 ? p->docs.n_cmp : 0, .H = cfg->n_heads, .D = cfg->head_dim, .d = cfg->dim,
                     .dq = cfg->q_lora_rank, .GRo = cfg->o_groups * cfg->o_lora_rank,
                     .HGD = cfg->n_heads / cfg->o_groups * cfg->head_dim, .Hi = cfg->index_n_heads,
                     .Di = cfg->index_head_dim, .k = cfg->index_topk};
-  dm->max_keys = p->max_win + (r == 4 ? cfg->index_topk : p->max_cmp);
+  dm->max_keys = p->max_win + (dm->sparse ? cfg->index_topk : p->max_cmp);
 }
 
 #define F(n) (sizeof(float) * (size_t)(n))
@@ -44,16 +48,22 @@ size_t dsv4_carve_core_saved(char *base, const dsv4_dims *m, dsv4_core_saved *s)
   *s = (dsv4_core_saved){0};
   s->lse = dsv4_carve(&c, F(m->n * m->H));
   if (m->ext_kv) s->kv_ext = dsv4_carve(&c, F(m->R_kv * m->D));
-  if (m->ratio > 0) {
+  if (m->compresses) {
     s->C = dsv4_carve(&c, F(m->R_c * cD));
-    s->Z = dsv4_carve(&c, F(m->R_c * cD));
-    s->cmp = dsv4_carve(&c, F(m->n_cmp * m->D));
+    if (m->gate) s->Z = dsv4_carve(&c, F(m->R_c * cD));
   }
-  if (m->ratio == 4) {
+  if (m->compresses && m->own_cmp) s->cmp = dsv4_carve(&c, F(m->n_cmp * m->D));
+  if (m->v41_keys) {
+    s->lat = dsv4_carve(&c, F(m->n_blk * m->D));
+    s->kpre = dsv4_carve(&c, F(m->n_blk * m->Di));
+  }
+  if (m->v4_keys) {
     s->CI = dsv4_carve(&c, F(m->R_c * 2 * m->Di));
     s->ZI = dsv4_carve(&c, F(m->R_c * 2 * m->Di));
     s->KI = dsv4_carve(&c, F(m->n_cmp * m->Di));
-    s->topk = dsv4_carve(&c, sizeof(int32_t) * (size_t)(m->n * m->k));
+  }
+  if (m->selects) {
+    if (m->own_cmp) s->topk = dsv4_carve(&c, sizeof(int32_t) * (size_t)(m->n * m->k));
     s->scores = dsv4_carve(&c, F(m->n * m->k));
     if (m->sparse_kl) s->teacher = dsv4_carve(&c, F(m->n * m->k));
     s->kl_rows = dsv4_carve(&c, sizeof(double) * (size_t)m->n);
@@ -68,16 +78,16 @@ size_t dsv4_carve_core_saved(char *base, const dsv4_dims *m, dsv4_core_saved *s)
 size_t dsv4_carve_core_fwd(char *base, const dsv4_dims *m, dsv4_core_fwd_scratch *s) {
   dsv4_carver c = {base, 0};
   *s = (dsv4_core_fwd_scratch){0};
-  if (m->ratio > 0) {
+  if (m->compresses) {
     s->blk[0] = dsv4_carve(&c, F(m->n_blk * m->D));
     s->all[0] = dsv4_carve(&c, F(m->n_blk_all * m->D));
   }
-  if (m->ratio == 4) {
+  if (m->v4_keys || m->v41_keys) {
     s->blk[1] = dsv4_carve(&c, F(m->n_blk * m->Di));
     s->all[1] = dsv4_carve(&c, F(m->n_blk_all * m->Di));
   }
   if (m->fast) s->win_state = dsv4_carve(&c, F(2 * m->n * m->H));
-  if (m->ratio == 4 && m->recompute) {
+  if (m->selects && m->recompute) {
     s->qI = dsv4_carve(&c, F(m->m * m->Hi * m->Di));
     s->wI = dsv4_carve(&c, F(m->m * m->Hi));
   }
@@ -86,19 +96,20 @@ size_t dsv4_carve_core_fwd(char *base, const dsv4_dims *m, dsv4_core_fwd_scratch
 
 size_t dsv4_carve_core_bwd(char *base, const dsv4_dims *m, dsv4_core_bwd_scratch *s) {
   dsv4_carver c = {base, 0};
-  const int64_t cD = (m->ratio == 4 ? 2 : 1) * (int64_t)m->D, dim = m->D > m->Di ? m->D : m->Di;
-  const int64_t cdim = cD > 2 * m->Di ? cD : 2 * m->Di;
+  const int keys = m->v4_keys || m->v41_keys;
+  const int64_t cD = (m->ratio == 4 ? 2 : 1) * (int64_t)m->D, dim = keys && m->Di > m->D ? m->Di : m->D;
+  const int64_t cdim = m->v4_keys && 2 * m->Di > cD ? 2 * m->Di : cD;
   *s = (dsv4_core_bwd_scratch){0};
   s->d_ext = dsv4_carve(&c, F(m->R_kv * m->D));
-  if (m->ratio > 0) {
-    s->d_cmp = dsv4_carve(&c, F(m->n_cmp * m->D));
-    s->d_all = dsv4_carve(&c, F(m->n_blk_all * (m->ratio == 4 ? dim : m->D)));
-    s->d_blk = dsv4_carve(&c, F(m->n_blk * (m->ratio == 4 ? dim : m->D)));
-    s->dC = dsv4_carve(&c, F(m->R_c * (m->ratio == 4 ? cdim : cD)));
-    s->dZ = dsv4_carve(&c, F(m->R_c * (m->ratio == 4 ? cdim : cD)));
+  if (m->ratio > 0 && m->own_cmp) s->d_cmp = dsv4_carve(&c, F(m->n_cmp * m->D));
+  if (m->compresses) {
+    s->d_all = dsv4_carve(&c, F(m->n_blk_all * dim));
+    s->d_blk = dsv4_carve(&c, F(m->n_blk * dim));
+    s->dC = dsv4_carve(&c, F(m->R_c * cdim));
+    if (m->gate) s->dZ = dsv4_carve(&c, F(m->R_c * cdim));
   }
-  if (m->ratio == 4) {
-    s->d_KI = dsv4_carve(&c, F(m->n_cmp * m->Di));
+  if (m->v4_keys) s->d_KI = dsv4_carve(&c, F(m->n_cmp * m->Di));
+  if (m->selects) {
     s->d_qI = dsv4_carve(&c, F(m->m * m->Hi * m->Di));
     s->d_wI = dsv4_carve(&c, F(m->m * m->Hi));
   }
@@ -108,7 +119,7 @@ size_t dsv4_carve_core_bwd(char *base, const dsv4_dims *m, dsv4_core_bwd_scratch
       s->rc_stride = (int64_t)m->H * m->max_keys;
       s->rc_scores = dsv4_carve(&c, F(m->m * s->rc_stride));
     }
-    if (m->ratio == 4) {
+    if (m->selects) {
       s->qI = dsv4_carve(&c, F(m->m * m->Hi * m->Di));
       s->wI = dsv4_carve(&c, F(m->m * m->Hi));
     }
@@ -129,7 +140,7 @@ size_t dsv4_carve_layer_saved(char *base, const dsv4_dims *m, dsv4_layer_saved *
   if (!m->recompute) {
     s->q = dsv4_carve(&c, F(m->n * m->H * m->D));
     s->o = dsv4_carve(&c, F(m->n * m->H * m->D));
-    s->sb = dsv4_carve(&c, F(m->n * m->H));
+    if (m->head_norm) s->sb = dsv4_carve(&c, F(m->n * m->H));
   }
   return c.used;
 }
@@ -142,7 +153,7 @@ size_t dsv4_carve_layer_fwd(char *base, const dsv4_dims *m, dsv4_layer_fwd_scrat
   if (m->recompute) {
     s->q = dsv4_carve(&c, F(m->m * m->H * m->D));
     s->o = dsv4_carve(&c, F(m->m * m->H * m->D));
-    s->sb = dsv4_carve(&c, F(m->m * m->H));
+    if (m->head_norm) s->sb = dsv4_carve(&c, F(m->m * m->H));
   }
   return c.used;
 }
@@ -158,7 +169,7 @@ size_t dsv4_carve_layer_bwd(char *base, const dsv4_dims *m, dsv4_layer_bwd_scrat
   if (m->recompute) {
     s->q = dsv4_carve(&c, F(m->m * m->H * m->D));
     s->o = dsv4_carve(&c, F(m->m * m->H * m->D));
-    s->sb = dsv4_carve(&c, F(m->m * m->H));
+    if (m->head_norm) s->sb = dsv4_carve(&c, F(m->m * m->H));
   }
   return c.used;
 }

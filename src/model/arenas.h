@@ -12,7 +12,10 @@
  *   core SAVED     lse [n, H]; kv_ext [R_kv, D] (window halo rows exist); r > 0: C, Z [R_c, c D],
  *                  cmp [n_cmp, D]; r = 4: CI, ZI [R_c, 2 Di], KI [n_cmp, Di], top-k ids and scores
  *                  [n, k], KL teacher [n, k] (sparse mode), KL terms [n] (double), and without
- *                  recomputation the indexer queries [n, Hi Di] and weights [n, Hi]
+ *                  recomputation the indexer queries [n, Hi Di] and weights [n, Hi].
+ *                  V4.1: a kv source C [R_c, D], Z (r = 2), the owned slots' latent [n_blk, D] and
+ *                  unnormed keys [n_blk, Di]; an index source scores, teacher, KL terms and indexer
+ *                  queries as r = 4; cmp, KI and top-k ids live in the shared state (model/shared.h)
  *   core SCRATCH   forward:  slot buffers [n_blk, D | Di] and their all-gathers [n_blk_all, D | Di],
  *                            window-phase state [2, n, H] (fast path), recomputation: one chunk's
  *                            indexer queries [m, Hi Di] and weights [m, Hi]
@@ -52,6 +55,14 @@ void dsv4_arena_free(dsv4_arena *a);
 /* Everything the carve functions depend on. */
 typedef struct {
   int ratio, recompute, fast, sparse_kl;
+  int compresses;          /* Stage 1 runs here: V4 r > 0, a V4.1 kv source */
+  int gate;                /* its compressor has a gate (all but V4.1's r = 1) */
+  int v4_keys;             /* V4 r = 4: the indexer's own compressor (CI, ZI) */
+  int v41_keys;            /* a V4.1 kv source: indexer keys from the compressor's latent */
+  int own_cmp;             /* cmp, KI and their gradients in the core's arenas (V4; V4.1: the shared state) */
+  int selects;             /* top-k and KL loss: V4 r = 4, V4.1 index sources */
+  int sparse;              /* attends to top-k ids: V4 r = 4, every V4.1 compressed layer */
+  int head_norm;           /* the queries have a per-head RMSNorm (V4; not V4.1) */
   int64_t n, m;            /* local rows, backward chunk rows */
   int64_t R_kv, R_c;       /* extended rows (plan.h) */
   int ext_kv;
@@ -60,11 +71,13 @@ typedef struct {
   int H, D, d, dq, GRo, HGD, Hi, Di, k;
 } dsv4_dims;
 
-/* The dimensions of a call of the layer (or core) with configuration cfg on plan p. */
-void dsv4_dims_of(dsv4_dims *dm, const dsv4_config *cfg, const dsv4_plan *p, int recompute, dsv4_impl impl);
+/* The dimensions of a call of the layer (or core) of role info with configuration cfg on plan p. */
+void dsv4_dims_of(dsv4_dims *dm, const dsv4_config *cfg, const dsv4_layer_info *info, const dsv4_plan *p,
+                  int recompute, dsv4_impl impl);
 
 typedef struct {
   float *lse, *kv_ext, *C, *Z, *CI, *ZI, *cmp, *KI, *qI, *wI, *scores, *teacher;
+  float *lat, *kpre;       /* V4.1 kv source: the owned slots' latent [n_blk, D] and unnormed keys [n_blk, Di] */
   int32_t *topk;
   double *kl_rows;
 } dsv4_core_saved;

@@ -23,7 +23,7 @@ dsv4_attn_args dsv4_attend_args(const dsv4_stage_env *e, int64_t i0, int64_t n, 
     at.cmp_begin = p->cmp_begin + i0;
     at.cmp_count = p->cmp_count + i0;
   }
-  if (r == 4 && cmp) {
+  if (dsv4_env_sparse(e) && cmp) {
     at.cmp_ids = topk + i0 * k;
     at.n_cmp_ids = k;
   }

@@ -22,7 +22,12 @@ static uint64_t hash_config(const dsv4_config *f, int layer, int ratio) {
   const double dbl[] = {f->rope_theta, f->compress_rope_theta, f->rope_factor, f->rope_orig_max_pos,
                         f->beta_fast, f->beta_slow, f->eps, f->index_loss_coeff};
   uint64_t h = fnv(1469598103934665603ull, ints, sizeof ints);
-  return fnv(h, dbl, sizeof dbl);
+  h = fnv(h, dbl, sizeof dbl);
+  const int v41[] = {f->v41, f->n_kv_sources, f->n_index_sources, f->candidate_source, f->candidate_topk_blocks,
+                     f->candidate_block_size};
+  h = fnv(h, v41, sizeof v41);
+  h = fnv(h, f->kv_sources, sizeof(int) * (size_t)(f->n_kv_sources > 0 ? f->n_kv_sources : 0));
+  return fnv(h, f->index_sources, sizeof(int) * (size_t)(f->n_index_sources > 0 ? f->n_index_sources : 0));
 }
 
 dsv4_status dsv4_core_create(dsv4_core **out, const dsv4_config *cfg, int layer, const dsv4_weights *w) {
@@ -38,11 +43,14 @@ dsv4_status dsv4_core_create(dsv4_core **out, const dsv4_config *cfg, int layer,
              cfg->n_layers);
   DSV4_CHECK(dsv4_weights_layer(w) == layer, DSV4_ERR_ARG, "core: weights are for layer %d, not layer %d",
              dsv4_weights_layer(w), layer);
+  c->info = (dsv4_layer_info)DSV4_LAYER_INFO_INIT;
+  DSV4_TRY(dsv4_config_layer(cfg, layer, &c->info)); /* refuses V4.1's draft stages */
   c->layer = layer;
   c->ratio = dsv4_config_ratio(cfg, layer);
   c->w = w;
   c->impl = DSV4_IMPL_FAST;
   c->cfg_hash = hash_config(cfg, layer, c->ratio);
+  c->group_hash = hash_config(cfg, -1, 0);
   DSV4_TRY(dsv4_comm_create_self(&c->self));
   c->xfer.comm = c->self;
   c->xfer.overlap = 1;
@@ -59,6 +67,7 @@ void dsv4_core_free(dsv4_core *c) {
   if (c->have_plan) dsv4_plan_free(&c->plan);
   dsv4_arena_free(&c->saved);
   dsv4_arena_free(&c->scratch);
+  dsv4_shared_free(c->own_shared);
   dsv4_comm_free(c->self);
   free(c);
 }
@@ -92,7 +101,7 @@ static dsv4_status core_forward(dsv4_core *c, const dsv4_core_fwd_args *a) {
   DSV4_CHECK(a->n >= 0, DSV4_ERR_ARG, "core forward: n < 0");
   DSV4_TRY(dsv4_core_prepare(c, a->pk, a->n, NULL));
   const dsv4_core_begin_args b = {.q = a->q, .kv = a->kv, .x = a->x, .qr = a->qr, .o = a->o,
-                                  .topk_ids = a->topk_ids, .train = a->train};
+                                  .topk_ids = a->topk_ids, .train = a->train, .shared = a->shared};
   DSV4_TRY(dsv4_core_fwd_begin(c, &b));
   DSV4_TRY(dsv4_core_fwd_rows(c, 0, a->n, a->q, a->o));
   DSV4_TRY(dsv4_core_fwd_end(c, a->indexer_loss, a->train));

@@ -18,6 +18,7 @@
 
 #include "cp/exchange.h"
 #include "model/arenas.h"
+#include "model/shared.h"
 #include "ops/kernels.h"
 #include "plan/plan.h"
 
@@ -29,6 +30,12 @@ typedef struct {
   const dsv4_plan *p;
   dsv4_xfer *x;
 } dsv4_stage_env;
+
+/* 1 when the layer attends to top-k ids (V4 r = 4, every V4.1 compressed layer) rather than to every
+ * visible compressed entry (V4 r = 128). */
+static inline int dsv4_env_sparse(const dsv4_stage_env *e) {
+  return e->cfg->v41 ? e->p->key.ratio > 0 : e->p->key.ratio == 4;
+}
 
 /* The state of one forward and its backward: the plan, borrowed inputs, the arenas' pieces. */
 typedef struct {
@@ -45,11 +52,22 @@ typedef struct {
   int64_t n_valid;           /* KL valid tokens over all ranks */
   dsv4_weights *grads;       /* backward: accumulated into */
   float d_loss;
+  /* what the stages read and write: the core's own arenas (V4) or the shared state (V4.1) */
+  float *cmp, *KI;           /* [n_cmp, D], [n_cmp, Di] the global compressed kv and indexer keys */
+  float *d_cmp, *d_KI;       /* their gradients (V4.1: the kv source's sums) */
+  int32_t *topk;             /* [n, k] the top-k ids attended to (own, or the index source's) */
+  const int32_t *cand_in;    /* [n, n_cand] the candidate source's blocks (V4.1 later index sources) */
+  int32_t *cand_out;         /* [n, n_cand] this candidate source's blocks */
+  dsv4_shared *sh;           /* V4.1: the forward pass's shared state and its generation then */
+  uint64_t sh_gen;
+  dsv4_shared_kv *kv_e;      /* V4.1: the kv source's entry */
+  dsv4_shared_sel *sel_e;    /* V4.1: this index source's entry */
 } dsv4_core_run;
 
 struct dsv4_core {
   dsv4_config cfg;
   int layer, ratio;
+  dsv4_layer_info info;      /* its role (V4: WINDOW or OWN; V4.1: docs/spec.md section 10) */
   const dsv4_weights *w;
   dsv4_impl impl;
   int threads;               /* OpenMP threads of its public calls; 0: the caller's default */
@@ -60,6 +78,8 @@ struct dsv4_core {
   int have_plan;
   dsv4_plan plan;            /* the latest forward's plan, reused while its key repeats */
   uint64_t cfg_hash;         /* what the agreement compares */
+  uint64_t group_hash;       /* the config without the layer: a V4.1 consumer's must be its source's */
+  dsv4_shared *own_shared;   /* a V4.1 kv source's, when the caller gives none */
   dsv4_arena saved, scratch;
   dsv4_core_run run;
 };
@@ -77,6 +97,7 @@ typedef struct {
   float *o;
   int32_t *topk_ids;
   int train;
+  dsv4_shared *shared;       /* V4.1: the forward pass's (NULL: a kv source uses its own) */
 } dsv4_core_begin_args;
 
 /* The chunked forward over the prepared plan: begin (Stage 1 started, window halo exchanged), then
@@ -105,20 +126,27 @@ void dsv4_core_set_recompute(dsv4_core *c, int on);
 
 /* ---- the stages -------------------------------------------------------------------------------- */
 
-/* stage1.c. which = 0: the main compressor (dim D), 1: the indexer's (dim Di).
- * start: projections of the local rows into C/Z_ext [R_c, c dim], the compressor halo, pooling of
- * the owned slots into blk [n_blk, dim] (rows it does not own stay 0), the all-gather into all
- * [n_blk_all, dim] started. finish: waits, then out[id] = all[gather[id]] ([n_cmp, dim]). */
+/* stage1.c. which = 0: the main compressor (dim D), 1: V4's indexer compressor (dim Di).
+ * start: projections of the local rows into C/Z_ext [R_c, c dim] (V4.1 r = 1: C only), the
+ * compressor halo, pooling of the owned slots into blk [n_blk, dim] (rows it does not own stay 0;
+ * latent, when not NULL, gets them before RoPE), the all-gather into all [n_blk_all, dim] started
+ * (when all is not NULL). keys (V4.1 kv sources): the indexer keys of the owned slots from their
+ * latent (kpre: [n_blk, Di] before k_norm, kept for the backward) into blk [n_blk, Di], their
+ * all-gather started. finish: waits, then out[id] = all[gather[id]] ([n_cmp, dim]). */
 dsv4_status dsv4_stage1_start(const dsv4_stage_env *e, int which, const float *x, float *C, float *Z, float *blk,
-                              float *all);
+                              float *latent, float *all);
+dsv4_status dsv4_stage1_keys(const dsv4_stage_env *e, const float *latent, float *kpre, float *blk, float *all);
 dsv4_status dsv4_stage1_finish(const dsv4_stage_env *e, int which, const float *all, float *out);
 /* Backward of one compressor from this rank's d out [n_cmp, dim]: scatter through the gather index,
  * reduce-scatter to the owners, compressor backward, halo gradients back to the ranks that sent
  * the rows, weight gradients (accumulated into grads) and, when dx is not NULL, dx += dC Wkv + dZ
- * Wgate. d_all, d_blk, dC, dZ: scratch of the sizes of arenas.h. */
+ * Wgate. d_all, d_blk, dC, dZ: scratch of the sizes of arenas.h. keys_bwd: the V4.1 keys' backward
+ * from d KI [n_cmp, Di] (to the owners, k_norm, indexer.wk; nothing to the latent: detached). */
 dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const float *d_out, const float *x,
                                  const float *C, const float *Z, float *d_all, float *d_blk, float *dC, float *dZ,
                                  dsv4_weights *grads, float *dx);
+dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const float *d_KI, const float *latent, float *kpre,
+                                 float *d_all, float *d_blk, dsv4_weights *grads);
 
 /* window.c. The window halo: kv_ext's own rows copied from kv [n, D], its halo rows from the left
  * neighbours. Backward: d_ext's halo rows go to their owners and are added there; dkv [n, D] gets
@@ -128,12 +156,14 @@ dsv4_status dsv4_window_halo_bwd(const dsv4_stage_env *e, float *d_ext, float *d
 
 /* select.c. Indexer queries [n, Hi Di] (RoPE at each row's position) and head weights [n, Hi] of
  * local rows [i0, i0 + n), from qr and x (whole arrays); top-k ids and scores against the global
- * keys KI [n_cmp, Di]; backward: the projections' weight gradients from d qI, d w (scaled and
- * rotated here, in place). */
+ * keys KI [n_cmp, Di] (V4.1: cand_out [n, n_cand] the candidate source's blocks; cand_in: select
+ * only inside them; both whole arrays or NULL); backward: the projections' weight gradients from
+ * d qI, d w (scaled and rotated here, in place). */
 dsv4_status dsv4_select_queries(const dsv4_stage_env *e, int64_t i0, int64_t n, const float *qr, const float *x,
                                 float *qI, float *wI);
 dsv4_status dsv4_select_topk(const dsv4_stage_env *e, int64_t i0, int64_t n, const float *qI, const float *wI,
-                             const float *KI, int32_t *topk, float *scores);
+                             const float *KI, int32_t *topk, float *scores, const int32_t *cand_in,
+                             int32_t *cand_out);
 dsv4_status dsv4_select_queries_bwd(const dsv4_stage_env *e, int64_t i0, int64_t n, float *d_qI, float *d_w,
                                     const float *qr, const float *x, dsv4_weights *grads);
 

@@ -10,7 +10,11 @@
  *             attention    4 H D (nw + nc)
  *   backward  projections and compressors x 2 (input and weight gradients); indexer projections
  *             x 1 (its inputs are detached: weight gradients only) + KL 4 Hi Di nc; attention
- *             8 H D (nw + nc) (dP, dQ, dK and dV products). */
+ *             8 H D (nw + nc) (dP, dQ, dK and dV products).
+ * V4.1 (docs/spec.md section 10): the compressor (2 d D, and 2 d D more for the r = 2 gate) and
+ * the indexer keys (2 D Di per compressed entry, weight gradient only in the backward) belong to
+ * the kv source; indexer projections 2 (dq Hi Di + d Hi) and scoring to index sources; every
+ * compressed layer attends to nc = min(index_topk, nv) entries. */
 #include "plan/docs.h"
 #include "util/abi.h"
 #include "util/err.h"
@@ -24,28 +28,32 @@ static dsv4_status flops(const dsv4_config *cfg, int layer, const dsv4_packing *
   DSV4_TRY(dsv4_docs_build(&docs, pk, r));
   const double d = cfg->dim, dq = cfg->q_lora_rank, H = cfg->n_heads, D = cfg->head_dim;
   const double G = cfg->o_groups, Ro = cfg->o_lora_rank, Hi = cfg->index_n_heads, Di = cfg->index_head_dim;
+  dsv4_layer_info in = DSV4_LAYER_INFO_INIT;
+  DSV4_TRY(dsv4_config_layer(cfg, layer, &in));
+  const int v41 = cfg->v41 != 0, sparse = v41 ? r > 0 : r == 4, selects = in.selects;
   const double c = r == 4 ? 2 : 1;
   const double proj = 2 * (d * dq + dq * H * D + d * D + H * D * Ro + G * Ro * d);
-  const double comp = r > 0 ? 2 * 2 * d * c * D : 0;
-  const double idx_proj = r == 4 ? 2 * (dq * Hi * Di + d * Hi + 2 * d * 2 * Di) : 0;
+  const double comp = v41 ? (in.role == DSV4_ROLE_FULL ? 2 * d * D * (r == 2 ? 2 : 1) : 0) : r > 0 ? 2 * 2 * d * c * D : 0;
+  const double idx_proj = selects ? 2 * (dq * Hi * Di + d * Hi + (v41 ? 0 : 2 * d * 2 * Di)) : 0;
+  const double key_proj = v41 && in.role == DSV4_ROLE_FULL ? 2 * D * Di * (double)docs.cu_cmp[docs.n_docs] : 0;
   double keys = 0, vis = 0, sel = 0, tokens = 0;
   for (int i = 0; i < docs.n_docs; i++)
     for (int64_t t = 0; t < docs.real[i]; t++) {
       const int64_t nw = (t < cfg->window - 1 ? t : cfg->window - 1) + 1;
       const int64_t nv = r > 0 ? (t + 1) / r : 0;
-      const int64_t nc = r == 4 ? (nv < cfg->index_topk ? nv : cfg->index_topk) : nv;
+      const int64_t nc = sparse ? (nv < cfg->index_topk ? nv : cfg->index_topk) : nv;
       keys += (double)(nw + nc);
-      vis += r == 4 ? (double)nv : 0;
-      sel += r == 4 ? (double)nc : 0;
+      vis += selects ? (double)nv : 0;
+      sel += selects ? (double)nc : 0;
       tokens += 1;
     }
   *f = (dsv4_flops){0};
   f->tokens = tokens;
-  f->projections_fwd = tokens * (proj + comp + idx_proj);
+  f->projections_fwd = tokens * (proj + comp + idx_proj) + key_proj;
   f->attention_fwd = 4 * H * D * keys;
   f->indexer_fwd = 2 * Hi * Di * vis;
   f->fwd = f->projections_fwd + f->attention_fwd + f->indexer_fwd;
-  f->projections_bwd = tokens * (2 * (proj + comp) + idx_proj);
+  f->projections_bwd = tokens * (2 * (proj + comp) + idx_proj) + key_proj;
   f->attention_bwd = 8 * H * D * keys;
   f->indexer_bwd = 4 * Hi * Di * sel;
   f->bwd = f->projections_bwd + f->attention_bwd + f->indexer_bwd;

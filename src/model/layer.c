@@ -116,16 +116,18 @@ static void rotated_group(const dsv4_layer *l, float *dst, const float *o, int64
     }
 }
 
-/* Step 1 for rows [i0, i0 + m): q = RoPE(RMSNorm(wq_b qr)) per head, and each head's inverse rms. */
+/* Step 1 for rows [i0, i0 + m): q = RoPE(RMSNorm(wq_b qr)) per head, and each head's inverse rms
+ * (V4.1: no per-head norm, q = RoPE(wq_b qr), sb unused). */
 static dsv4_status queries(const dsv4_layer *l, float *q, float *sb, int64_t i0, int64_t m) {
   dsv4_status rc = DSV4_OK;
   const int64_t H = l->cfg.n_heads, D = l->cfg.head_dim, dq = l->cfg.q_lora_rank;
+  const int head_norm = l->dm.head_norm;
   DSV4_TRY(proj(l, q, H * D, l->sv.qr + i0 * dq, dq, dsv4_w(l->w, W_WQ_B), H * D, dq, i0, m));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m; i++)
     for (int64_t h = 0; h < H; h++) {
       float *qh = q + (i * H + h) * D;
-      sb[i * H + h] = dsv4_rmsnorm_row(qh, qh, NULL, (int)D, l->cfg.eps);
+      if (head_norm) sb[i * H + h] = dsv4_rmsnorm_row(qh, qh, NULL, (int)D, l->cfg.eps);
       dsv4_rope_apply(&l->plan->rope, qh, (int)D, l->plan->pos[i0 + i], 0);
     }
 fail:
@@ -150,7 +152,7 @@ fail:
 }
 
 static dsv4_status layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, float *indexer_loss, const float *x,
-                                 int64_t n, const dsv4_packing *pk, int train) {
+                                 int64_t n, const dsv4_packing *pk, int train, dsv4_shared *shared) {
   dsv4_status rc = DSV4_OK;
   const dsv4_config *cf = &l->cfg;
   const int64_t d = cf->dim, D = cf->head_dim, dq = cf->q_lora_rank;
@@ -162,7 +164,7 @@ static dsv4_status layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, f
   DSV4_TRY(dsv4_core_prepare(core, pk, n, &l->plan));
   const dsv4_plan *p = l->plan;
   l->x = x;
-  dsv4_dims_of(&l->dm, cf, p, l->recompute, l->impl);
+  dsv4_dims_of(&l->dm, cf, &core->info, p, l->recompute, l->impl);
   DSV4_TRY(dsv4_arena_reserve(&l->saved, dsv4_carve_layer_saved(NULL, &l->dm, &l->sv), "layer's saved activations"));
   dsv4_carve_layer_saved(l->saved.base, &l->dm, &l->sv);
   DSV4_TRY(dsv4_arena_reserve(&l->scratch, dsv4_layer_scratch_bytes(&l->dm), "layer's scratch"));
@@ -184,7 +186,7 @@ static dsv4_status layer_forward(dsv4_layer *l, float *out, int32_t *topk_ids, f
    * chunks. Default: one chunk, q and o kept whole for the backward. Recomputation: the plan's
    * chunks, q and o of one chunk at a time (the backward rebuilds them). */
   const dsv4_core_begin_args ca = {.q = sv->q, .o = sv->o, .kv = sv->kv, .x = x, .qr = sv->qr, .topk_ids = topk_ids,
-                                   .train = train};
+                                   .train = train, .shared = shared};
   DSV4_TRY(dsv4_core_fwd_begin(core, &ca));
   const int64_t n_chunk = l->recompute ? p->n_chunk : (n > 0);
   for (int64_t k = 0; k < n_chunk; k++) {
@@ -248,7 +250,8 @@ static void output_backward(dsv4_layer *l, dsv4_weights *grads, const float *dou
  * RMSNorm's backward dv = s dy - s^3 b (dy . b) / D becomes, using b = RoPE^T(q) / s and that a
  * rotation keeps dot products ((RoPE^T dq) . (RoPE^T q) = dq . q):
  *   db = s RoPE^T(dq - (dq . q / D) q)   -- one dot, one update, one inverse rotation.
- * Then b = wq_b qr, qr = RMSNorm_{q_norm}(a), a = wq_a x: weight gradients and dx rows. */
+ * (V4.1: no norm, db = RoPE^T(dq).) Then b = wq_b qr, qr = RMSNorm_{q_norm}(a), a = wq_a x: weight
+ * gradients and dx rows. */
 static void query_backward(dsv4_layer *l, dsv4_weights *grads, float *dq_, const float *q, const float *sb,
                            float *dqr, float *dx, int64_t i0, int64_t m) {
   const dsv4_config *cf = &l->cfg;
@@ -256,13 +259,16 @@ static void query_backward(dsv4_layer *l, dsv4_weights *grads, float *dq_, const
   const dsv4_weights *w = l->w;
   const dsv4_kernels *K = dsv4_kernels_get(l->impl);
   const dsv4_plan *p = l->plan;
+  const int head_norm = l->dm.head_norm;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m; i++)
     for (int64_t h = 0; h < H; h++) {
       float *dh = dq_ + (i * H + h) * D;
-      const float *qh = q + (i * H + h) * D, s = sb[i * H + h];
-      const float c = (float)(dsv4_dot_d(dh, qh, D) / (double)D);
-      for (int64_t e = 0; e < D; e++) dh[e] = s * (dh[e] - c * qh[e]);
+      if (head_norm) {
+        const float *qh = q + (i * H + h) * D, s = sb[i * H + h];
+        const float c = (float)(dsv4_dot_d(dh, qh, D) / (double)D);
+        for (int64_t e = 0; e < D; e++) dh[e] = s * (dh[e] - c * qh[e]);
+      }
       dsv4_rope_apply(&p->rope, dh, (int)D, p->pos[i0 + i], 1);
     }
   K->gemm_tn(H * D, dq, m, 1.0f, dq_, H * D, l->sv.qr + i0 * dq, dq, 1.0f, dsv4_w(grads, W_WQ_B), dq);
@@ -296,7 +302,7 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
   for (int64_t k = 0; k < p->n_chunk; k++) {
     const int64_t i0 = p->chunk[k], m = p->chunk[k + 1] - i0;
     const float *q = l->recompute ? bs.q : l->sv.q + i0 * H * D, *o = l->recompute ? bs.o : l->sv.o + i0 * H * D;
-    const float *sb = l->recompute ? bs.sb : l->sv.sb + i0 * H;
+    const float *sb = l->recompute ? bs.sb : l->sv.sb ? l->sv.sb + i0 * H : NULL;
     if (l->recompute) { /* the chunk's q and o again, bitwise the forward's */
       DSV4_TRY(queries(l, bs.q, bs.sb, i0, m));
       DSV4_TRY(dsv4_core_bwd_recompute(core, i0, m, bs.q, bs.o));
@@ -330,7 +336,7 @@ dsv4_status dsv4_layer_forward(dsv4_layer *l, const dsv4_layer_fwd_args *args) {
   DSV4_TRY(DSV4_STRUCT_IN(&a, args, dsv4_layer_fwd_args, NULL));
   DSV4_TRY(DSV4_STRUCT_IN(&pk, a.pk, dsv4_packing, NULL));
   const int old = dsv4_threads_enter(l->threads);
-  rc = layer_forward(l, a.out, a.topk_ids, a.indexer_loss, a.x, a.n, &pk, a.train);
+  rc = layer_forward(l, a.out, a.topk_ids, a.indexer_loss, a.x, a.n, &pk, a.train, a.shared);
   dsv4_threads_leave(old);
 fail:
   return rc;

@@ -30,13 +30,21 @@ fail:
 }
 
 dsv4_status dsv4_select_topk(const dsv4_stage_env *e, int64_t i0, int64_t n, const float *qI, const float *wI,
-                             const float *KI, int32_t *topk, float *scores) {
+                             const float *KI, int32_t *topk, float *scores, const int32_t *cand_in,
+                             int32_t *cand_out) {
   const dsv4_plan *p = e->p;
   const int k = e->cfg->index_topk;
-  const dsv4_indexer_args ia = {.topk_ids = topk + i0 * k, .topk_scores = scores + i0 * k, .q_idx = qI, .k_idx = KI,
+  dsv4_indexer_args ia = {.topk_ids = topk + i0 * k, .topk_scores = scores + i0 * k, .q_idx = qI, .k_idx = KI,
                                 .weights = wI, .vis_begin = p->cmp_begin + i0, .vis_count = p->cmp_count + i0,
                                 .S1 = n, .C = p->docs.n_cmp, .Hi = e->cfg->index_n_heads,
                                 .Di = e->cfg->index_head_dim, .topk = k};
+  const int nc = e->cfg->candidate_topk_blocks;
+  if (cand_in || cand_out) {
+    ia.block = e->cfg->candidate_block_size;
+    ia.n_cand = nc;
+    ia.cand_in = cand_in ? cand_in + i0 * nc : NULL;
+    ia.cand_out = cand_out ? cand_out + i0 * nc : NULL;
+  }
   dsv4_placement places[3];
   dsv4_indexer_places(places);
   return dsv4_lightning_indexer_dist(&ia, e->x->comm->size, places, e->impl);

@@ -14,6 +14,7 @@
 #include "core.h"
 #include "model/weights.h"
 #include "util/err.h"
+#include "ops/rmsnorm.h"
 #include "util/gemm.h"
 
 /* Message tags of the compressor halo: per direction, part and compressor (so concurrent moves never
@@ -30,6 +31,9 @@ static compressor_ids ids_of(const dsv4_stage_env *e, int which) {
   return (compressor_ids){dim, (e->p->key.ratio == 4 ? 2 : 1) * dim, which ? W_I_WKV : W_C_WKV,
                           which ? W_I_WGATE : W_C_WGATE, which ? W_I_APE : W_C_APE, which ? W_I_NORM : W_C_NORM};
 }
+
+/* V4.1's r = 1 compressor has no gate: Z is not projected (the slot is its row). */
+static int gated(const dsv4_stage_env *e) { return !e->cfg->v41 || e->p->key.ratio > 1; }
 
 /* Y rows of every segment (at its own rows of C/Z_ext) = X rows . W^T in the global panels. */
 static dsv4_status proj_segments(const dsv4_stage_env *e, float *Y, int64_t ldy, const float *X, const float *W,
@@ -66,24 +70,55 @@ static dsv4_compress_args compress_args(const dsv4_stage_env *e, const compresso
                                         const float *C, const float *Z) {
   const dsv4_plan *p = e->p;
   return (dsv4_compress_args){
-      .out = blk, .out_row = p->slot_blk, .C = C, .Z = Z, .ape = dsv4_w(e->w, id->ape),
+      .out = blk, .out_row = p->slot_blk, .C = C, .Z = gated(e) ? Z : NULL,
+      .ape = e->cfg->v41 ? NULL : dsv4_w(e->w, id->ape),
       .norm_w = dsv4_w(e->w, id->norm), .cur_row = p->slot_cur, .prev_row = p->slot_prev, .pos = p->slot_pos,
       .rope = &p->rope, .n_slots = p->n_slot, .ratio = p->key.ratio, .D = id->dim, .eps = e->cfg->eps,
       .rows = p->lay.R_c, .rows_out = p->lay.n_blk};
 }
 
 dsv4_status dsv4_stage1_start(const dsv4_stage_env *e, int which, const float *x, float *C, float *Z, float *blk,
-                              float *all) {
+                              float *latent, float *all) {
   dsv4_status rc = DSV4_OK;
   const compressor_ids id = ids_of(e, which);
   const dsv4_layout *lay = &e->p->lay;
   DSV4_TRY(proj_segments(e, C, id.cD, x, dsv4_w(e->w, id.wkv), id.cD));
-  DSV4_TRY(proj_segments(e, Z, id.cD, x, dsv4_w(e->w, id.wgate), id.cD));
+  if (gated(e)) DSV4_TRY(proj_segments(e, Z, id.cD, x, dsv4_w(e->w, id.wgate), id.cD));
   DSV4_TRY(cmp_halo(e, C, Z, id.cD, which, 0));
   memset(blk, 0, sizeof(float) * (size_t)(lay->n_blk * id.dim)); /* unused capacity rows stay 0 */
-  const dsv4_compress_args ca = compress_args(e, &id, blk, C, Z);
+  dsv4_compress_args ca = compress_args(e, &id, blk, C, Z);
+  ca.latent = latent;
   DSV4_TRY(dsv4_kernels_get(e->impl)->compress(&ca));
-  DSV4_TRY(dsv4_xfer_gather_start(e->x, which, blk, all, sizeof(float) * (size_t)(lay->n_blk * id.dim)));
+  if (all) DSV4_TRY(dsv4_xfer_gather_start(e->x, which, blk, all, sizeof(float) * (size_t)(lay->n_blk * id.dim)));
+fail:
+  return rc;
+}
+
+/* V4.1 indexer keys of the owned slots from their latent (pre-RoPE, [n_blk, D] at slot_blk):
+ * kpre = indexer.wk latent in global panels over compressed ids (so a key's bits do not depend on
+ * the rank that owns it), blk = RoPE_{j r}(RMSNorm_{k_norm}(kpre)); then the keys' all-gather. */
+dsv4_status dsv4_stage1_keys(const dsv4_stage_env *e, const float *latent, float *kpre, float *blk, float *all) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_plan *p = e->p;
+  const dsv4_layout *lay = &p->lay;
+  const int D = e->cfg->head_dim, Di = e->cfg->index_head_dim;
+  const int64_t panel = dsv4_panel_rows(p->docs.n_cmp);
+  const float *knorm = dsv4_w(e->w, W_I_KNORM);
+  memset(blk, 0, sizeof(float) * (size_t)(lay->n_blk * Di));
+  int64_t s0 = 0; /* the segment's first slot in the slot table (global id order = segment order) */
+  for (int s = 0; s < lay->n_seg; s++) {
+    const dsv4_seg *sg = &lay->seg[s];
+    DSV4_TRY(dsv4_proj_rows(kpre + sg->blk0 * Di, Di, latent + sg->blk0 * D, D, dsv4_w(e->w, W_I_WK), sg->n_own, Di,
+                            D, p->slot_gid + s0, panel, e->impl));
+    s0 += sg->n_own;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < p->n_slot; s++) {
+    const int64_t row = p->slot_blk[s];
+    dsv4_rmsnorm_row(blk + row * Di, kpre + row * Di, knorm, Di, e->cfg->eps);
+    dsv4_rope_apply(&p->rope, blk + row * Di, Di, p->slot_pos[s], 0);
+  }
+  DSV4_TRY(dsv4_xfer_gather_start(e->x, 1, blk, all, sizeof(float) * (size_t)(lay->n_blk * Di)));
 fail:
   return rc;
 }
@@ -99,6 +134,19 @@ fail:
   return rc;
 }
 
+/* This rank's d out [n_cmp, dim] to the owners of the entries: d_all[gather[id]] = d_out[id] (the
+ * transpose of select-and-pad: each block is selected once), reduce-scattered into d_blk. */
+static dsv4_status to_owners(const dsv4_stage_env *e, int dim, const float *d_out, float *d_all, float *d_blk) {
+  const dsv4_layout *lay = &e->p->lay;
+  memset(d_all, 0, sizeof(float) * (size_t)(lay->n_blk_all * dim));
+  for (int64_t s = 0; s < e->p->docs.n_cmp; s++) {
+    float *dst = d_all + (int64_t)lay->gather[s] * dim;
+    const float *src = d_out + s * dim;
+    for (int k = 0; k < dim; k++) dst[k] += src[k];
+  }
+  return dsv4_xfer_reduce_scatter(e->x, d_all, d_blk, (size_t)(lay->n_blk * dim));
+}
+
 dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const float *d_out, const float *x,
                                  const float *C, const float *Z, float *d_all, float *d_blk, float *dC, float *dZ,
                                  dsv4_weights *grads, float *dx) {
@@ -106,18 +154,12 @@ dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const float
   const compressor_ids id = ids_of(e, which);
   const dsv4_layout *lay = &e->p->lay;
   const dsv4_kernels *K = dsv4_kernels_get(e->impl);
-  const int dim = id.dim, cD = id.cD, d = e->cfg->dim;
-  /* d_all[gather[id]] = d_out[id]: the transpose of select-and-pad (each block is selected once) */
-  memset(d_all, 0, sizeof(float) * (size_t)(lay->n_blk_all * dim));
-  for (int64_t s = 0; s < e->p->docs.n_cmp; s++) {
-    float *dst = d_all + (int64_t)lay->gather[s] * dim;
-    const float *src = d_out + s * dim;
-    for (int k = 0; k < dim; k++) dst[k] += src[k];
-  }
-  DSV4_TRY(dsv4_xfer_reduce_scatter(e->x, d_all, d_blk, (size_t)(lay->n_blk * dim)));
+  const int cD = id.cD, d = e->cfg->dim, gate = gated(e);
+  DSV4_TRY(to_owners(e, id.dim, d_out, d_all, d_blk));
   memset(dC, 0, sizeof(float) * (size_t)(lay->R_c * cD));
-  memset(dZ, 0, sizeof(float) * (size_t)(lay->R_c * cD));
-  const dsv4_compress_bwd_args cb = {.dC = dC, .dZ = dZ, .d_ape = dsv4_w(grads, id.ape),
+  if (gate) memset(dZ, 0, sizeof(float) * (size_t)(lay->R_c * cD));
+  const dsv4_compress_bwd_args cb = {.dC = dC, .dZ = gate ? dZ : NULL,
+                                     .d_ape = e->cfg->v41 ? NULL : dsv4_w(grads, id.ape),
                                      .d_norm_w = dsv4_w(grads, id.norm), .d_out = d_blk,
                                      .fwd = compress_args(e, &id, NULL, C, Z)};
   DSV4_TRY(K->compress_bwd(&cb));
@@ -128,11 +170,41 @@ dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const float
     const int64_t row = sg->c_row + sg->c_halo;
     const float *xs = x + sg->lo * d;
     K->gemm_tn(cD, d, sg->len, 1.0f, dC + row * cD, cD, xs, d, 1.0f, dsv4_w(grads, id.wkv), d);
-    K->gemm_tn(cD, d, sg->len, 1.0f, dZ + row * cD, cD, xs, d, 1.0f, dsv4_w(grads, id.wgate), d);
+    if (gate) K->gemm_tn(cD, d, sg->len, 1.0f, dZ + row * cD, cD, xs, d, 1.0f, dsv4_w(grads, id.wgate), d);
     if (dx) {
       K->gemm_nn(sg->len, d, cD, 1.0f, dC + row * cD, cD, dsv4_w(e->w, id.wkv), d, 1.0f, dx + sg->lo * d, d);
-      K->gemm_nn(sg->len, d, cD, 1.0f, dZ + row * cD, cD, dsv4_w(e->w, id.wgate), d, 1.0f, dx + sg->lo * d, d);
+      if (gate)
+        K->gemm_nn(sg->len, d, cD, 1.0f, dZ + row * cD, cD, dsv4_w(e->w, id.wgate), d, 1.0f, dx + sg->lo * d, d);
     }
+  }
+fail:
+  return rc;
+}
+
+/* The keys' backward from this rank's d KI [n_cmp, Di]: to the owners, RoPE^T, k_norm's backward
+ * (d k_norm accumulated), d indexer.wk += d kpre^T latent. The latent gets nothing (the indexer
+ * path is detached). */
+dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const float *d_KI, const float *latent, float *kpre,
+                                 float *d_all, float *d_blk, dsv4_weights *grads) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_plan *p = e->p;
+  const dsv4_layout *lay = &p->lay;
+  const dsv4_kernels *K = dsv4_kernels_get(e->impl);
+  const int D = e->cfg->head_dim, Di = e->cfg->index_head_dim;
+  const float *knorm = dsv4_w(e->w, W_I_KNORM);
+  float *d_knorm = dsv4_w(grads, W_I_KNORM);
+  DSV4_TRY(to_owners(e, Di, d_KI, d_all, d_blk));
+  for (int64_t s = 0; s < p->n_slot; s++) { /* serial: accumulates into d k_norm */
+    const int64_t row = p->slot_blk[s];
+    float *g = d_blk + row * Di;
+    dsv4_rope_apply(&p->rope, g, Di, p->slot_pos[s], 1);
+    dsv4_rmsnorm_bwd_row(g, d_knorm, g, kpre + row * Di, knorm, dsv4_rms_inv(kpre + row * Di, Di, e->cfg->eps), Di);
+  }
+  for (int s = 0; s < lay->n_seg; s++) {
+    const dsv4_seg *sg = &lay->seg[s];
+    if (sg->n_own)
+      K->gemm_tn(Di, D, sg->n_own, 1.0f, d_blk + sg->blk0 * Di, Di, latent + sg->blk0 * D, D, 1.0f,
+                 dsv4_w(grads, W_I_WK), D);
   }
 fail:
   return rc;

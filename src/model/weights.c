@@ -35,7 +35,8 @@ static const char *const NAMES[W_COUNT] = {
     "attn.compressor.ape", "attn.compressor.wkv.weight", "attn.compressor.wgate.weight",
     "attn.compressor.norm.weight", "attn.indexer.wq_b.weight", "attn.indexer.weights_proj.weight",
     "attn.indexer.compressor.ape", "attn.indexer.compressor.wkv.weight",
-    "attn.indexer.compressor.wgate.weight", "attn.indexer.compressor.norm.weight"};
+    "attn.indexer.compressor.wgate.weight", "attn.indexer.compressor.norm.weight", "attn.indexer.wk.weight",
+    "attn.indexer.k_norm.weight"};
 
 static void set_shape(dsv4_weights *w, dsv4_wid id, int64_t a, int64_t b, init_kind kind) {
   dsv4_tensor *t = &w->t[id];
@@ -55,6 +56,8 @@ static dsv4_status set_shapes(dsv4_weights *w, const dsv4_config *cfg, int layer
   DSV4_TRY(dsv4_config_validate(cfg));
   int r = dsv4_config_ratio(cfg, layer);
   DSV4_CHECK(r >= 0, DSV4_ERR_ARG, "layer %d out of range (config has %d layers)", layer, cfg->n_layers);
+  dsv4_layer_info info = DSV4_LAYER_INFO_INIT;
+  DSV4_TRY(dsv4_config_layer(cfg, layer, &info)); /* refuses V4.1's draft stages */
   w->layer = layer;
   w->ratio = r;
   snprintf(w->prefix, sizeof w->prefix, "layers.%d.", layer);
@@ -69,14 +72,26 @@ static dsv4_status set_shapes(dsv4_weights *w, const dsv4_config *cfg, int layer
   set_shape(w, W_SINK, H, 0, INIT_SINK);
   set_shape(w, W_WO_A, G * Ro, (H / G) * D, INIT_LINEAR);
   set_shape(w, W_WO_B, d, G * Ro, INIT_LINEAR);
-  if (r > 0) {
+  if (cfg->v41) { /* docs/spec.md section 10 "Weights": what the role reads */
+    if (info.role == DSV4_ROLE_FULL) {
+      set_shape(w, W_C_WKV, D, d, INIT_LINEAR);
+      if (r == 2) set_shape(w, W_C_WGATE, D, d, INIT_LINEAR);
+      set_shape(w, W_C_NORM, D, 0, INIT_NORM);
+      set_shape(w, W_I_WK, Di, D, INIT_LINEAR);
+      set_shape(w, W_I_KNORM, Di, 0, INIT_NORM);
+    }
+    if (info.selects) {
+      set_shape(w, W_I_WQ_B, Hi * Di, dq, INIT_LINEAR);
+      set_shape(w, W_I_PROJ, Hi, d, INIT_LINEAR);
+    }
+  } else if (r > 0) {
     const int64_t c = (r == 4) ? 2 : 1;
     set_shape(w, W_C_APE, r, c * D, INIT_APE);
     set_shape(w, W_C_WKV, c * D, d, INIT_LINEAR);
     set_shape(w, W_C_WGATE, c * D, d, INIT_LINEAR);
     set_shape(w, W_C_NORM, D, 0, INIT_NORM);
   }
-  if (r == 4) {
+  if (!cfg->v41 && r == 4) {
     set_shape(w, W_I_WQ_B, Hi * Di, dq, INIT_LINEAR);
     set_shape(w, W_I_PROJ, Hi, d, INIT_LINEAR);
     set_shape(w, W_I_APE, 4, 2 * Di, INIT_APE);
@@ -226,7 +241,7 @@ fail:
 static int layer_prefixes(const dsv4_weights *w, char out[4][32]) {
   const int nh = w->cfg.n_hidden_layers, L = w->layer;
   int n = 0;
-  if (nh > 0 && L >= nh) {
+  if (nh > 0 && L >= nh && !w->cfg.v41) {
     snprintf(out[n++], 32, "mtp.%d.", L - nh);
     snprintf(out[n++], 32, "model.mtp.%d.", L - nh);
   }

@@ -14,16 +14,18 @@ typedef enum {
   W_SINK,       /* attn.attn_sink              [H] */
   W_WO_A,       /* attn.wo_a.weight            [G*Ro, (H/G)*D] */
   W_WO_B,       /* attn.wo_b.weight            [d, G*Ro] */
-  W_C_APE,      /* attn.compressor.ape         [r, c*D]      r > 0 */
+  W_C_APE,      /* attn.compressor.ape         [r, c*D]      r > 0 (V4 only) */
   W_C_WKV,      /* attn.compressor.wkv.weight  [c*D, d] */
-  W_C_WGATE,    /* attn.compressor.wgate.weight [c*D, d] */
+  W_C_WGATE,    /* attn.compressor.wgate.weight [c*D, d]    (V4.1: kv sources of ratio 2) */
   W_C_NORM,     /* attn.compressor.norm.weight [D] */
-  W_I_WQ_B,     /* attn.indexer.wq_b.weight    [Hi*Di, dq]   r == 4 */
+  W_I_WQ_B,     /* attn.indexer.wq_b.weight    [Hi*Di, dq]   r == 4, V4.1 index sources */
   W_I_PROJ,     /* attn.indexer.weights_proj.weight [Hi, d] */
   W_I_APE,      /* attn.indexer.compressor.ape [4, 2*Di] */
   W_I_WKV,      /* attn.indexer.compressor.wkv.weight [2*Di, d] */
   W_I_WGATE,    /* attn.indexer.compressor.wgate.weight [2*Di, d] */
   W_I_NORM,     /* attn.indexer.compressor.norm.weight [Di] */
+  W_I_WK,       /* attn.indexer.wk.weight      [Di, D]       V4.1 kv sources */
+  W_I_KNORM,    /* attn.indexer.k_norm.weight  [Di] */
   W_COUNT
 } dsv4_wid;
 

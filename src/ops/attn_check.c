@@ -81,6 +81,8 @@ dsv4_status dsv4_indexer_check(const dsv4_indexer_args *a) {
              "lightning_indexer: bad sizes S1=%lld C=%lld Hi=%d Di=%d topk=%d", (long long)a->S1,
              (long long)a->C, a->Hi, a->Di, a->topk);
   DSV4_TRY(check_vis("lightning_indexer", a->vis_begin, a->vis_count, a->S1, a->C));
+  DSV4_CHECK(!(a->cand_out || a->cand_in) || (a->block > 0 && a->n_cand > 0), DSV4_ERR_ARG,
+             "lightning_indexer: candidates need block > 0 and n_cand > 0 (got %d, %d)", a->block, a->n_cand);
 fail:
   return rc;
 }

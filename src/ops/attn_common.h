@@ -102,6 +102,13 @@ static inline int64_t dsv4_attn_max_cmp(const dsv4_attn_args *a) {
   return m;
 }
 
+/* The indexer's selection of query p from its scores of its n visible rows (indexer.c): V4.1's
+ * candidate blocks (cand_out), then the top-k, inside cand_in's blocks when given. v: scratch [n],
+ * bv: scratch [n / block + 2]. One routine for the fast kernel and the reference. */
+#include "topk.h"
+void dsv4_indexer_select(const dsv4_indexer_args *a, int64_t p, const float *score, int64_t n, dsv4_scored *v,
+                         dsv4_scored *bv);
+
 /* Validates shapes, window ranges and compressed rows; errors name the argument. */
 dsv4_status dsv4_attn_check(const dsv4_attn_args *a);
 dsv4_status dsv4_attn_bwd_check(const dsv4_attn_bwd_args *b);

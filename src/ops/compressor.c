@@ -48,24 +48,35 @@ static void rows_of(const dsv4_compress_args *a, int64_t s, slot_rows *sr) {
   }
 }
 
-/* Per channel e: m = max logit, den = sum exp(logit - m), pooled = sum exp(..) C / den. */
+/* Logit of row i of a slot at channel e: Z plus the positional bias (none in V4.1). */
+static inline float logit(const dsv4_compress_args *a, const float *z, const float *ap, int e) {
+  return a->ape ? z[e] + ap[e] : z[e];
+}
+
+/* Per channel e: m = max logit, den = sum exp(logit - m), pooled = sum exp(..) C / den. Without a
+ * gate (r == 1) the slot is its one row: pooled = C, den = 1. */
 static void pool_slot(const dsv4_compress_args *a, const slot_rows *sr, float *pooled, float *m,
                       float *den) {
   const int D = a->D, cD = (a->ratio == 4 ? 2 : 1) * D;
+  if (!a->Z) {
+    memcpy(pooled, a->C + (int64_t)sr->row[0] * cD + sr->off[0], sizeof(float) * D);
+    for (int e = 0; e < D; e++) m[e] = 0, den[e] = 1;
+    return;
+  }
   for (int e = 0; e < D; e++) m[e] = -INFINITY;
   for (int i = 0; i < sr->n; i++) {
     const float *z = a->Z + (int64_t)sr->row[i] * cD + sr->off[i];
-    const float *ap = a->ape + (int64_t)sr->t[i] * cD + sr->off[i];
-    for (int e = 0; e < D; e++) m[e] = fmaxf(m[e], z[e] + ap[e]);
+    const float *ap = a->ape ? a->ape + (int64_t)sr->t[i] * cD + sr->off[i] : NULL;
+    for (int e = 0; e < D; e++) m[e] = fmaxf(m[e], logit(a, z, ap, e));
   }
   memset(den, 0, sizeof(float) * D);
   memset(pooled, 0, sizeof(float) * D);
   for (int i = 0; i < sr->n; i++) {
     const float *z = a->Z + (int64_t)sr->row[i] * cD + sr->off[i];
-    const float *ap = a->ape + (int64_t)sr->t[i] * cD + sr->off[i];
+    const float *ap = a->ape ? a->ape + (int64_t)sr->t[i] * cD + sr->off[i] : NULL;
     const float *c = a->C + (int64_t)sr->row[i] * cD + sr->off[i];
     for (int e = 0; e < D; e++) {
-      float w = expf(z[e] + ap[e] - m[e]);
+      float w = expf(logit(a, z, ap, e) - m[e]);
       den[e] += w;
       pooled[e] += w * c[e];
     }
@@ -77,9 +88,12 @@ static void pool_slot(const dsv4_compress_args *a, const slot_rows *sr, float *p
  * fast and the naive path). */
 dsv4_status dsv4_compress_check(const dsv4_compress_args *a) {
   dsv4_status rc = DSV4_OK;
-  DSV4_CHECK(a && a->C && a->Z && a->ape && a->norm_w && a->cur_row && a->pos && a->rope, DSV4_ERR_ARG,
+  DSV4_CHECK(a && a->C && a->norm_w && a->cur_row && a->pos && a->rope, DSV4_ERR_ARG,
              "compressor: a required pointer is NULL");
-  DSV4_CHECK(a->ratio == 4 || a->ratio == 128, DSV4_ERR_ARG, "compressor: ratio %d (expected 4 or 128)", a->ratio);
+  DSV4_CHECK(a->ratio == 1 || a->ratio == 2 || a->ratio == 4 || a->ratio == 128, DSV4_ERR_ARG,
+             "compressor: ratio %d (expected 1, 2, 4 or 128)", a->ratio);
+  DSV4_CHECK(a->Z || a->ratio == 1, DSV4_ERR_ARG, "compressor: Z (the gate logits) is NULL at ratio %d", a->ratio);
+  DSV4_CHECK(a->ape || a->ratio <= 2, DSV4_ERR_ARG, "compressor: ape is NULL at ratio %d", a->ratio);
   for (int64_t s = 0; s < a->n_slots; s++) {
     DSV4_CHECK(a->cur_row[s] >= 0 && a->cur_row[s] + a->ratio <= a->rows, DSV4_ERR_ARG,
                "compressor: cur_row[%lld] = %d: window outside C/Z rows [0, %lld)", (long long)s, a->cur_row[s],
@@ -116,6 +130,7 @@ dsv4_status dsv4_compress(const dsv4_compress_args *a) {
       rows_of(a, s, sc.sr);
       pool_slot(a, sc.sr, sc.pooled, sc.m, sc.den);
       dsv4_rmsnorm_row(out, sc.pooled, a->norm_w, D, a->eps);
+      if (a->latent) memcpy(a->latent + dsv4_compress_out_row(a, s) * D, out, sizeof(float) * D);
       dsv4_rope_apply(a->rope, out, D, a->pos[s], 0);
     }
   }
@@ -132,11 +147,12 @@ dsv4_status dsv4_compress_bwd(const dsv4_compress_bwd_args *b) {
   dsv4_status rc = DSV4_OK;
   const dsv4_compress_args *a = &b->fwd;
   const int D = a->D, r = a->ratio, cD = (r == 4 ? 2 : 1) * D;
-  const size_t n_ape = (size_t)r * cD;
+  const size_t n_ape = a->ape ? (size_t)r * cD : 0;
   float *priv = NULL;
   dsv4_workspace ws = {0};
   DSV4_TRY(dsv4_compress_check(a));
-  DSV4_CHECK(b->dC && b->dZ && b->d_ape && b->d_norm_w && b->d_out, DSV4_ERR_ARG, "compressor backward: a gradient pointer is NULL");
+  DSV4_CHECK(b->dC && (b->dZ || !a->Z) && (b->d_ape || !a->ape) && b->d_norm_w && b->d_out, DSV4_ERR_ARG,
+             "compressor backward: a gradient pointer is NULL");
   const int nt = dsv4_nthreads();
   DSV4_ALLOC(priv, (size_t)nt * (n_ape + D));
   pool_scratch sc;
@@ -155,18 +171,23 @@ dsv4_status dsv4_compress_bwd(const dsv4_compress_bwd_args *b) {
       memcpy(dp, b->d_out + dsv4_compress_out_row(a, s) * D, sizeof(float) * D);
       dsv4_rope_apply(a->rope, dp, D, a->pos[s], 1);
       dsv4_rmsnorm_bwd_row(dp, dnorm, dp, pooled, a->norm_w, dsv4_rms_inv(pooled, D, a->eps), D);
+      if (!a->Z) { /* the slot is its row: dC = d pooled */
+        float *dC = b->dC + (int64_t)sr->row[0] * cD + sr->off[0];
+        for (int e = 0; e < D; e++) dC[e] += dp[e];
+        continue;
+      }
       for (int i = 0; i < sr->n; i++) {
         const int64_t o = (int64_t)sr->row[i] * cD + sr->off[i];
         const int64_t oa = (int64_t)sr->t[i] * cD + sr->off[i];
-        const float *z = a->Z + o, *c = a->C + o, *ap = a->ape + oa;
-        float *dC = b->dC + o, *dZ = b->dZ + o, *da = dape + oa;
+        const float *z = a->Z + o, *c = a->C + o, *ap = a->ape ? a->ape + oa : NULL;
+        float *dC = b->dC + o, *dZ = b->dZ + o, *da = a->ape ? dape + oa : NULL;
         for (int e = 0; e < D; e++) {
-          float w = expf(z[e] + ap[e] - m[e]) / den[e];
+          float w = expf(logit(a, z, ap, e) - m[e]) / den[e];
           float dv = w * dp[e];
           float dl = dv * (c[e] - pooled[e]);
           dC[e] += dv;
           dZ[e] += dl;
-          da[e] += dl;
+          if (da) da[e] += dl;
         }
       }
     }

@@ -21,17 +21,23 @@ static int slot_row(const dsv4_compress_args *a, int64_t s, int i, int64_t *row,
   return 1;
 }
 
+/* The logit of a pooled row: gate plus positional bias (none in V4.1; no gate at r = 1: 0). */
+static double logit(const dsv4_compress_args *a, int64_t row, int t, int off, int e) {
+  const int cD = (a->ratio == 4 ? 2 : 1) * a->D;
+  const double z = a->Z ? a->Z[row * cD + off + e] : 0.0;
+  return a->ape ? z + a->ape[(int64_t)t * cD + off + e] : z;
+}
+
 /* pooled[e] and the softmax weights' normaliser for channel e, in double. */
 static void pool_channel(const dsv4_compress_args *a, int64_t s, int e, double *pooled, double *mx,
                          double *den) {
   const int cD = (a->ratio == 4 ? 2 : 1) * a->D;
   int64_t row; int t, off;
   double m = -INFINITY;
-  for (int i = 0; slot_row(a, s, i, &row, &t, &off); i++)
-    m = fmax(m, (double)a->Z[row * cD + off + e] + a->ape[(int64_t)t * cD + off + e]);
+  for (int i = 0; slot_row(a, s, i, &row, &t, &off); i++) m = fmax(m, logit(a, row, t, off, e));
   double num = 0, sum = 0;
   for (int i = 0; slot_row(a, s, i, &row, &t, &off); i++) {
-    double w = exp((double)a->Z[row * cD + off + e] + a->ape[(int64_t)t * cD + off + e] - m);
+    double w = exp(logit(a, row, t, off, e) - m);
     sum += w;
     num += w * a->C[row * cD + off + e];
   }
@@ -54,6 +60,8 @@ dsv4_status dsv4_compress_ref(const dsv4_compress_args *a) {
       pooled[e] = (float)p;
     }
     dsv4_rmsnorm_row(a->out + dsv4_compress_out_row(a, s) * D, pooled, a->norm_w, D, a->eps);
+    if (a->latent) memcpy(a->latent + dsv4_compress_out_row(a, s) * D, a->out + dsv4_compress_out_row(a, s) * D,
+                          sizeof(float) * D);
     dsv4_rope_apply(a->rope, a->out + dsv4_compress_out_row(a, s) * D, D, a->pos[s], 0);
   }
 fail:
@@ -84,11 +92,11 @@ dsv4_status dsv4_compress_bwd_ref(const dsv4_compress_bwd_args *b) {
       int64_t row; int t, off;
       for (int i = 0; slot_row(a, s, i, &row, &t, &off); i++) {
         const int64_t o = row * cD + off + e, oa = (int64_t)t * cD + off + e;
-        double w = exp((double)a->Z[o] + a->ape[oa] - m) / den;
+        double w = exp(logit(a, row, t, off, e) - m) / den;
         double dl = w * dp[e] * (a->C[o] - p);
         b->dC[o] += (float)(w * dp[e]);
-        b->dZ[o] += (float)dl;
-        b->d_ape[oa] += (float)dl;
+        if (b->dZ) b->dZ[o] += (float)dl;
+        if (b->d_ape) b->d_ape[oa] += (float)dl;
       }
     }
   }

@@ -14,18 +14,47 @@
 #define KEY_CHUNK 1024
 
 /* Per-thread scratch: one chunk's [Hi, KEY_CHUNK] head scores, and a query's scores of every
- * visible key with their ids for the top-k. */
+ * visible key with their ids for the top-k (and of every block for the candidates). */
 typedef struct {
   float *S, *score;
-  dsv4_scored *v;
+  dsv4_scored *v, *bv;
 } idx_scratch;
 
-static size_t idx_carve(char *base, int Hi, int64_t nmax, idx_scratch *s) {
+static size_t idx_carve(char *base, int Hi, int64_t nmax, int block, idx_scratch *s) {
   dsv4_carver c = {base, 0};
   s->S = dsv4_carve(&c, sizeof(float) * (size_t)Hi * KEY_CHUNK);
   s->score = dsv4_carve(&c, sizeof(float) * (size_t)nmax);
   s->v = dsv4_carve(&c, sizeof(dsv4_scored) * (size_t)nmax);
+  s->bv = dsv4_carve(&c, sizeof(dsv4_scored) * (size_t)(block > 0 ? nmax / block + 2 : 1));
   return c.used;
+}
+
+/* The shared selection of both implementations (attn_common.h): candidate blocks of a query from
+ * its scores of the n visible rows, then the top-k (only inside cand_in's blocks when given). */
+void dsv4_indexer_select(const dsv4_indexer_args *a, int64_t p, const float *score, int64_t n, dsv4_scored *v,
+                         dsv4_scored *bv) {
+  const int32_t base = a->vis_begin[p];
+  if (a->cand_out) { /* block score = max over the block; the newest visible block pinned (+inf) */
+    const int64_t nb = (n + a->block - 1) / a->block;
+    for (int64_t b = 0; b < nb; b++) {
+      float m = -INFINITY;
+      for (int64_t j = b * a->block; j < n && j < (b + 1) * a->block; j++) m = score[j] > m ? score[j] : m;
+      bv[b] = (dsv4_scored){b == nb - 1 ? INFINITY : m, (int32_t)b};
+    }
+    dsv4_topk_write(bv, nb, a->n_cand, a->cand_out + p * a->n_cand, NULL);
+  }
+  int64_t m = 0;
+  if (a->cand_in) { /* only rows of the kept blocks (-1 entries: none) */
+    const int32_t *cb = a->cand_in + p * a->n_cand;
+    for (int c = 0; c < a->n_cand; c++) {
+      if (cb[c] < 0) continue;
+      for (int64_t j = (int64_t)cb[c] * a->block; j < n && j < ((int64_t)cb[c] + 1) * a->block; j++)
+        v[m++] = (dsv4_scored){score[j], base + (int32_t)j};
+    }
+  } else {
+    for (int64_t j = 0; j < n; j++) v[m++] = (dsv4_scored){score[j], base + (int32_t)j};
+  }
+  dsv4_topk_write(v, m, a->topk, a->topk_ids + p * a->topk, a->topk_scores ? a->topk_scores + p * a->topk : NULL);
 }
 
 dsv4_status dsv4_lightning_indexer(const dsv4_indexer_args *a) {
@@ -37,13 +66,12 @@ dsv4_status dsv4_lightning_indexer(const dsv4_indexer_args *a) {
   for (int64_t p = 0; p < a->S1; p++) nmax = a->vis_count[p] > nmax ? a->vis_count[p] : nmax;
   const int nt = dsv4_team(a->threads);
   idx_scratch sc;
-  DSV4_TRY(dsv4_ws_alloc(&ws, idx_carve(NULL, Hi, nmax, &sc), nt, "lightning_indexer"));
+  DSV4_TRY(dsv4_ws_alloc(&ws, idx_carve(NULL, Hi, nmax, a->block, &sc), nt, "lightning_indexer"));
 #pragma omp parallel num_threads(nt) private(sc)
   {
     dsv4_blas_serial();
-    idx_carve(dsv4_ws_thread(&ws), Hi, nmax, &sc);
+    idx_carve(dsv4_ws_thread(&ws), Hi, nmax, a->block, &sc);
     float *S = sc.S, *score = sc.score;
-    dsv4_scored *v = sc.v;
 #pragma omp for schedule(dynamic, 16)
     for (int64_t p = 0; p < a->S1; p++) {
       const int64_t n = a->vis_count[p];
@@ -58,9 +86,7 @@ dsv4_status dsv4_lightning_indexer(const dsv4_indexer_args *a) {
           for (int64_t j = 0; j < nc; j++) sc_[j] += wh * (s[j] > 0 ? s[j] : 0);
         }
       }
-      for (int64_t j = 0; j < n; j++) v[j] = (dsv4_scored){score[j], (int32_t)(a->vis_begin[p] + j)};
-      dsv4_topk_write(v, n, a->topk, a->topk_ids + p * a->topk,
-                      a->topk_scores ? a->topk_scores + p * a->topk : NULL);
+      dsv4_indexer_select(a, p, score, n, sc.v, sc.bv);
     }
   }
 fail:

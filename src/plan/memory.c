@@ -26,22 +26,33 @@ static dsv4_status plan_memory(const dsv4_config *cfg, int layer, const dsv4_pac
   DSV4_TRY(dsv4_plan_key_set(&key, pk, n, r, cfg->window, split, rank, size));
   DSV4_TRY(dsv4_plan_build(&p, cfg, &key, DSV4_PLAN_LOCAL)); /* this rank's shapes only */
   have = 1;
+  dsv4_layer_info info = DSV4_LAYER_INFO_INIT;
+  DSV4_TRY(dsv4_config_layer(cfg, layer, &info));
   dsv4_dims dm;
-  dsv4_dims_of(&dm, cfg, &p, recompute, DSV4_IMPL_FAST);
+  dsv4_dims_of(&dm, cfg, &info, &p, recompute, DSV4_IMPL_FAST);
   dsv4_core_saved cs;
   dsv4_layer_saved ls;
   DSV4_TRY(dsv4_weights_numel(cfg, layer, &nw));
   const uint64_t d = (uint64_t)cfg->dim, k = (uint64_t)cfg->index_topk;
   out->weights = out->grads = sizeof(float) * (uint64_t)nw;
   out->saved = dsv4_carve_layer_saved(NULL, &dm, &ls) + dsv4_carve_core_saved(NULL, &dm, &cs);
-  out->replicated = sizeof(float) * (uint64_t)dm.n_cmp * (uint64_t)(r > 0 ? cfg->head_dim + (r == 4 ? cfg->index_head_dim : 0) : 0);
+  /* the global compressed kv and keys every rank holds whole: in the core's arena (V4), or the kv
+   * source's entry of the shared state (V4.1: counted at the source, with the backward's sums, which
+   * live from the group's first backward to the source's) */
+  const uint64_t cmp_bytes = sizeof(float) * (uint64_t)dm.n_cmp *
+                             (uint64_t)(dm.v4_keys || dm.v41_keys ? cfg->head_dim + cfg->index_head_dim : cfg->head_dim);
+  out->replicated = dm.compresses ? cmp_bytes : 0;
+  if (dm.v41_keys) out->shared = 2 * cmp_bytes; /* the entry and the backward's sums */
+  if (!dm.own_cmp && dm.selects) /* this rank's top-k (and candidate blocks) */
+    out->shared += sizeof(int32_t) * (uint64_t)n *
+                   (uint64_t)(cfg->index_topk + (info.candidate_source ? cfg->candidate_topk_blocks : 0));
   /* the scratch arenas, the plan (token map, query tables, slot tables, gather index, RoPE table),
    * and the kernels' own per-call workspace */
   out->transient = dsv4_layer_scratch_bytes(&dm) + dsv4_core_scratch_bytes(&dm) + p.bytes +
                    (r > 0 ? sizeof(int32_t) * (uint64_t)dm.n_cmp : 0) +
                    dsv4_kernel_scratch_bytes(&dm, opts ? opts->threads : 1);
-  out->io = (uint64_t)n * (4 * d * sizeof(float) + (r == 4 ? k * sizeof(int32_t) : 0));
-  out->total = out->weights + out->grads + out->saved + out->transient + out->io;
+  out->io = (uint64_t)n * (4 * d * sizeof(float) + (dm.selects ? k * sizeof(int32_t) : 0));
+  out->total = out->weights + out->grads + out->saved + out->transient + out->io + out->shared;
 fail:
   if (have) dsv4_plan_free(&p);
   dsv4_plan_key_free(&key);

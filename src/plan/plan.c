@@ -46,6 +46,24 @@ fail:
   return rc;
 }
 
+dsv4_status dsv4_plan_key_copy(dsv4_plan_key *dst, const dsv4_plan_key *src) {
+  dsv4_status rc = DSV4_OK;
+  *dst = *src;
+  dst->cu = dst->real = NULL;
+  if (src->cu) {
+    DSV4_ALLOC(dst->cu, src->n_docs + 1);
+    memcpy(dst->cu, src->cu, sizeof(int32_t) * (size_t)(src->n_docs + 1));
+  }
+  if (src->real) {
+    DSV4_ALLOC(dst->real, src->n_docs);
+    memcpy(dst->real, src->real, sizeof(int32_t) * (size_t)src->n_docs);
+  }
+  return DSV4_OK;
+fail:
+  dsv4_plan_key_free(dst);
+  return rc;
+}
+
 void dsv4_plan_key_free(dsv4_plan_key *k) {
   free(k->cu);
   free(k->real);
@@ -79,6 +97,7 @@ void dsv4_plan_free(dsv4_plan *p) {
   free(p->slot_prev);
   free(p->slot_pos);
   free(p->slot_blk);
+  free(p->slot_gid);
   free(p->chunk);
   dsv4_rope_free(&p->rope);
   memset(p, 0, sizeof *p);
@@ -157,6 +176,7 @@ static dsv4_status slot_table(dsv4_plan *p) {
   DSV4_ALLOC(p->slot_prev, lay->n_own);
   DSV4_ALLOC(p->slot_pos, lay->n_own);
   DSV4_ALLOC(p->slot_blk, lay->n_own);
+  DSV4_ALLOC(p->slot_gid, lay->n_own);
   int64_t n = 0;
   for (int s = 0; s < lay->n_seg; s++) {
     const dsv4_seg *sg = &lay->seg[s];
@@ -174,6 +194,7 @@ static dsv4_status slot_table(dsv4_plan *p) {
       p->slot_prev[n] = (int32_t)(r == 4 && j > 0 ? cur - r : -1);
       p->slot_pos[n] = (int32_t)(j * r);
       p->slot_blk[n] = (int32_t)(sg->blk0 + k);
+      p->slot_gid[n] = sg->id0 + k;
       n++;
     }
   }
@@ -304,7 +325,7 @@ dsv4_status dsv4_plan_build(dsv4_plan *p, const dsv4_config *cfg, dsv4_plan_key 
   const size_t n = (size_t)p->n;
   p->bytes = n * (sizeof(int64_t) + 2 * sizeof(int32_t) + 1) + 2 * n * sizeof(int32_t) +
              (k->ratio > 0 ? 2 * n * sizeof(int32_t) + sizeof(int32_t) * (size_t)p->docs.n_cmp : 0) +
-             4 * sizeof(int32_t) * (size_t)p->n_slot + sizeof(int64_t) * (size_t)(p->n_chunk + 1) +
+             (4 * sizeof(int32_t) + sizeof(int64_t)) * (size_t)p->n_slot + sizeof(int64_t) * (size_t)(p->n_chunk + 1) +
              sizeof(float) * (size_t)(rope_cap * cfg->rope_dim);
   for (int h = 0; h < DSV4_HALO_KINDS; h++) p->bytes += halo_bytes(&p->halo[h]);
 fail:

@@ -134,6 +134,7 @@ typedef struct {
   int64_t n_slot;                     /* slots this rank owns, in global id order: */
   int32_t *slot_cur, *slot_prev;      /*   first row of the own / previous window in C/Z_ext (-1: none) */
   int32_t *slot_pos, *slot_blk;       /*   RoPE position j r, row in the local slot buffer */
+  int64_t *slot_gid;                  /*   global compressed id (V4.1's indexer key projection) */
   int64_t n_chunk, *chunk;            /* [n_chunk + 1] row chunk boundaries (DSV4_CHUNK_ROWS) */
   int64_t max_win, max_cmp;           /* longest window, most visible compressed ids of a local query */
   dsv4_rope rope;                     /* positions this rank uses */
@@ -155,6 +156,8 @@ typedef struct {
 dsv4_status dsv4_plan_key_set(dsv4_plan_key *k, const dsv4_packing *pk, int64_t n_local, int ratio, int window,
                               dsv4_split split, int rank, int size);
 void dsv4_plan_key_free(dsv4_plan_key *k);
+/* dst = a copy of src with arrays of its own. */
+dsv4_status dsv4_plan_key_copy(dsv4_plan_key *dst, const dsv4_plan_key *src);
 /* 1 when a and b are the same key (every field and array element). */
 int dsv4_plan_key_equal(const dsv4_plan_key *a, const dsv4_plan_key *b);
 /* Builds the plan of key for an object with configuration cfg; takes ownership of key's arrays

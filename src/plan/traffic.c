@@ -65,13 +65,18 @@ static dsv4_status traffic_all(const dsv4_config *cfg, int layer, const dsv4_pac
   if (size == 1) return DSV4_OK; /* one rank sends nothing */
   DSV4_TRY(plan_make(&p, cfg, layer, pk, cp, size));
   const int r = p.docs.ratio;
+  dsv4_layer_info in = DSV4_LAYER_INFO_INIT;
+  DSV4_TRY(dsv4_config_layer(cfg, layer, &in));
+  /* V4.1: only a kv source runs Stage 1 (its group's other layers read it: no message of theirs);
+   * its compressor has c = 1, a gate (Z) only for r = 2, and it gathers the indexer keys too */
+  const int compresses = cfg->v41 ? in.role == DSV4_ROLE_FULL : r > 0, keys = r == 4 || (cfg->v41 && compresses);
   const uint64_t N1 = (uint64_t)(size - 1), f = sizeof(float), D = (uint64_t)cfg->head_dim;
-  const uint64_t Di = (uint64_t)cfg->index_head_dim, c = r == 4 ? 2 : 1;
+  const uint64_t Di = (uint64_t)cfg->index_head_dim, c = r == 4 ? 2 : 1, zc = cfg->v41 && r == 1 ? 1 : 2;
   DSV4_TRY(add_halo(&p, DSV4_HALO_WINDOW, D * f, 1, DSV4_MSG_WINDOW_HALO, DSV4_MSG_WINDOW_HALO_BWD, out));
-  if (r > 0) { /* per compressor (dim D, and Di for r == 4): C and Z rows, half or all of c * dim */
-    DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_HALF, 2 * (c * D / 2) * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+  if (compresses) { /* per compressor (dim D, and Di for r == 4): C and Z rows, half or all of c * dim */
+    DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_HALF, zc * (c * D / 2) * f, 1, DSV4_MSG_COMPRESSOR_HALO,
                       DSV4_MSG_COMPRESSOR_HALO_BWD, out));
-    DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_FULL, 2 * c * D * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+    DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_FULL, zc * c * D * f, 1, DSV4_MSG_COMPRESSOR_HALO,
                       DSV4_MSG_COMPRESSOR_HALO_BWD, out));
     if (r == 4) {
       DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_HALF, 2 * Di * f, 1, DSV4_MSG_COMPRESSOR_HALO,
@@ -87,14 +92,14 @@ static dsv4_status traffic_all(const dsv4_config *cfg, int layer, const dsv4_pac
     dsv4_cp_stats *s = &out[q];
     s->bytes_sent[DSV4_MSG_META_CHECK] = s->bytes_recv[DSV4_MSG_META_CHECK] = meta;
     s->messages[DSV4_MSG_META_CHECK] = 1;
-    if (r > 0) { /* all-gather of the slot buffers; the backward's reduce-scatter mirrors it */
-      const uint64_t blk = (uint64_t)p.lays[q].n_blk, dims = D + (r == 4 ? Di : 0);
+    if (compresses) { /* all-gather of the slot buffers; the backward's reduce-scatter mirrors it */
+      const uint64_t blk = (uint64_t)p.lays[q].n_blk, dims = D + (keys ? Di : 0);
       const uint64_t ag = N1 * blk * dims * f;
       s->bytes_sent[DSV4_MSG_SLOT_ALLGATHER] = s->bytes_recv[DSV4_MSG_SLOT_ALLGATHER] = ag;
       s->bytes_sent[DSV4_MSG_SLOT_REDUCE_SCATTER] = s->bytes_recv[DSV4_MSG_SLOT_REDUCE_SCATTER] = ag;
-      s->messages[DSV4_MSG_SLOT_ALLGATHER] = s->messages[DSV4_MSG_SLOT_REDUCE_SCATTER] = r == 4 ? 2 : 1;
+      s->messages[DSV4_MSG_SLOT_ALLGATHER] = s->messages[DSV4_MSG_SLOT_REDUCE_SCATTER] = keys ? 2 : 1;
     }
-    if (r == 4) { /* one (exact sum, count) record per rank, all-gathered */
+    if (in.selects) { /* one (exact sum, count) record per rank, all-gathered */
       s->bytes_sent[DSV4_MSG_LOSS_REDUCE] = s->bytes_recv[DSV4_MSG_LOSS_REDUCE] = N1 * sizeof(dsv4_loss_rec);
       s->messages[DSV4_MSG_LOSS_REDUCE] = 1;
     }

@@ -322,8 +322,9 @@ typedef struct {
 
 static inline void idx_bind(idx_prob *P) {
   const idx_spec *s = &P->sp;
-  P->a = (dsv4_indexer_args){P->ids, P->scores, P->q_idx, P->k_idx, P->weights, P->vis_begin,
-                             P->vis_count, s->S1, s->C, s->Hi, s->Di, s->topk, 0};
+  P->a = (dsv4_indexer_args){.topk_ids = P->ids, .topk_scores = P->scores, .q_idx = P->q_idx, .k_idx = P->k_idx,
+                             .weights = P->weights, .vis_begin = P->vis_begin, .vis_count = P->vis_count,
+                             .S1 = s->S1, .C = s->C, .Hi = s->Hi, .Di = s->Di, .topk = s->topk};
 }
 
 /* Values in {-2, ..., 2} (exact mode inputs). */
@@ -478,7 +479,8 @@ static inline void kl_subset(const kl_prob *K, int64_t k, kl_prob *Q) {
 
 /* ---------------------------------------------------------------------------------------------
  * Compressor problems. Slot s pools rows halo + s r .. + r - 1 (its own window) and, for r == 4,
- * the previous window (slot 0 too when the halo holds one). RoPE position s r.
+ * the previous window (slot 0 too when the halo holds one). RoPE position s r. Ratios 1 and 2 are
+ * V4.1's compressors: no APE (ape NULL), and r = 1 no gate (Z NULL).
  * ------------------------------------------------------------------------------------------- */
 typedef enum { PREV_NULL, PREV_ROWS, PREV_ALL_NONE } prev_mode;
 
@@ -504,9 +506,10 @@ typedef struct {
 static inline void cmp_bind(cmp_prob *P) {
   dsv4_config cfg = DSV4_CONFIG_INIT;
   dsv4_config_preset(&cfg, "tiny");
-  P->a = (dsv4_compress_args){P->out, P->out_row, P->C, P->Z, P->ape, P->norm_w, P->cur_row,
-                              P->prev_row, P->pos, &P->rope, P->sp.n_slots, P->sp.ratio, P->sp.D,
-                              cfg.eps, P->rows, P->rows_out};
+  P->a = (dsv4_compress_args){.out = P->out, .out_row = P->out_row, .C = P->C, .Z = P->Z, .ape = P->ape,
+                              .norm_w = P->norm_w, .cur_row = P->cur_row, .prev_row = P->prev_row, .pos = P->pos,
+                              .rope = &P->rope, .n_slots = P->sp.n_slots, .ratio = P->sp.ratio, .D = P->sp.D,
+                              .eps = cfg.eps, .rows = P->rows, .rows_out = P->rows_out};
 }
 
 /* RoPE tables of the tiny preset with rope_dim R for a layer of this ratio (YaRN for r > 0). */
@@ -529,15 +532,15 @@ static inline void cmp_make(cmp_prob *P, const cmp_spec *sp) {
   P->rows = sp->halo + n * r;
   P->rows_out = sp->out_map ? 2 * n + 1 : n;
   P->C = FALLOC(P->rows * P->cD);
-  P->Z = FALLOC(P->rows * P->cD);
-  P->ape = FALLOC((int64_t)r * P->cD);
+  if (r > 1) P->Z = FALLOC(P->rows * P->cD);
+  if (r > 2) P->ape = FALLOC((int64_t)r * P->cD);
   P->norm_w = FALLOC(D);
   P->out = FALLOC(P->rows_out * D);
   P->cur_row = IALLOC(n);
   P->pos = IALLOC(n);
   tu_fill(P->C, P->rows * P->cD, sp->seed * 16 + 1, 1.0f);
-  tu_fill(P->Z, P->rows * P->cD, sp->seed * 16 + 2, 1.0f);
-  tu_fill(P->ape, (int64_t)r * P->cD, sp->seed * 16 + 3, 1.0f);
+  if (P->Z) tu_fill(P->Z, P->rows * P->cD, sp->seed * 16 + 2, 1.0f);
+  if (P->ape) tu_fill(P->ape, (int64_t)r * P->cD, sp->seed * 16 + 3, 1.0f);
   tu_fill(P->norm_w, D, sp->seed * 16 + 4, 0.5f);
   for (int e = 0; e < D; e++) P->norm_w[e] += 1.0f;
   if (r == 4 && sp->prev != PREV_NULL) P->prev_row = IALLOC(n);
@@ -615,6 +618,11 @@ static const cmp_spec CMP_CASES[] = {
     {128, 4, 2, 1, 0, PREV_NULL, 0, 8},
     {128, 16, 8, 3, 0, PREV_NULL, 1, 9},
     {128, 32, 16, 2, 5, PREV_NULL, 0, 10},
+    {2, 8, 4, 1, 0, PREV_NULL, 0, 11},     /* V4.1: r = 2 (no APE), one slot */
+    {2, 16, 8, 9, 1, PREV_NULL, 1, 12},    /* r = 2 after a one-row halo, out_row map */
+    {1, 8, 4, 1, 0, PREV_NULL, 0, 13},     /* V4.1: r = 1 (no gate: the slot is its row) */
+    {1, 32, 16, 17, 3, PREV_NULL, 1, 14},
+    {2, 8, 4, 0, 0, PREV_NULL, 0, 15},     /* no slots */
 };
 #define N_CMP_CASES (int)(sizeof CMP_CASES / sizeof CMP_CASES[0])
 
@@ -670,10 +678,11 @@ static inline cmp_spec cmp_case(int c) {
   static const int D4[] = {4, 8, 16, 32}, D128[] = {4, 8};
   tu_rng g = {3000 + (uint64_t)c, 0};
   cmp_spec s = {0};
-  s.ratio = rng_below(&g, 4) ? 4 : 128;
-  s.D = s.ratio == 4 ? pick(&g, D4, 4) : pick(&g, D128, 2);
+  static const int RATIOS[] = {4, 4, 4, 128, 2, 1};
+  s.ratio = pick(&g, RATIOS, 6);
+  s.D = s.ratio != 128 ? pick(&g, D4, 4) : pick(&g, D128, 2);
   s.rope_dim = 2 * (1 + (int)rng_below(&g, s.D / 2));
-  s.n_slots = s.ratio == 4 ? rng_below(&g, 20) : rng_below(&g, 4);
+  s.n_slots = s.ratio != 128 ? rng_below(&g, 20) : rng_below(&g, 4);
   s.halo = (int)rng_below(&g, 9); s.prev = (prev_mode)rng_below(&g, 3); s.out_map = (int)rng_below(&g, 2);
   s.seed = 3000 + c;
   return s;
@@ -703,7 +712,7 @@ static inline double cmp_amplification(const cmp_prob *P) {
         if (r0 < 0) continue;
         for (int t = 0; t < r; t++) {
           const int64_t o = (r0 + t) * P->cD + off + e;
-          const double w = exp((double)P->Z[o] + P->ape[(int64_t)t * P->cD + off + e]);
+          const double w = exp((P->Z ? (double)P->Z[o] : 0.0) + (P->ape ? P->ape[(int64_t)t * P->cD + off + e] : 0.0));
           num += w * P->C[o];
           den += w;
         }

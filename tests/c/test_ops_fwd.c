@@ -113,7 +113,7 @@ static void test_compressor(void) {
     cmp_make(&P, &sp0);
     cmp_desc(&P, d, sizeof d);
     const int64_t n_out = P.rows_out * P.sp.D;
-    const int n_rows = P.sp.ratio == 4 ? (P.prev_row ? 8 : 4) : 128;
+    const int n_rows = P.sp.ratio == 4 ? (P.prev_row ? 8 : 4) : P.sp.ratio;
     float *fast = FALLOC(n_out), *ref = FALLOC(n_out);
     for (int64_t i = 0; i < n_out; i++) P.out[i] = 7.0f; /* sentinel for rows no slot writes */
     tu_ok(dsv4_compress(&P.a), "dsv4_compress");
@@ -275,6 +275,84 @@ static void test_indexer(void) {
     free(idF); free(idN); free(fF); free(fN); free(scF); free(scN); free(sfF); free(sfN);
     idx_free(&P);
   }
+}
+
+/* V4.1's two-level selection (docs/spec.md section 10 steps 5-6), judged against a brute force
+ * over the exact scores (exact mode: every score is exact, so fast, naive and the brute force
+ * agree bit for bit and ties are common): the candidate blocks (block score = max over the block,
+ * the newest visible block pinned first, then score desc / block asc, -1 padded) and, given
+ * candidates, the top-k of only the rows inside them (fewer than topk when the blocks bind;
+ * padded -1). */
+static int cand_before(double sa, int a, double sb, int b) { return sa > sb || (sa == sb && a < b); }
+
+static void test_indexer_candidates(void) {
+  static const struct { int block, n_cand; } BC[] = {{1, 1}, {2, 2}, {3, 2}, {4, 1}, {8, 5}, {2, 40}};
+  char d[160];
+  int64_t total_bound = 0;
+  for (int c = 0; c < N_IDX_ALL; c++) {
+    idx_spec sp = idx_case(c);
+    sp.exact = 1;
+    sp.C = imin64(sp.C, 200);
+    idx_prob P;
+    idx_make(&P, &sp);
+    const int64_t S1 = sp.S1;
+    const int k = sp.topk;
+    for (int v = 0; v < (int)(sizeof BC / sizeof BC[0]); v++) {
+      const int bs = BC[v].block, nc = BC[v].n_cand;
+      snprintf(d, sizeof d, "S1=%lld C=%lld Hi=%d topk=%d block=%d n_cand=%d", (long long)S1, (long long)sp.C, sp.Hi,
+               k, bs, nc);
+      int32_t *cand[2] = {IALLOC(S1 * nc), IALLOC(S1 * nc)}, *ids[2] = {IALLOC(S1 * k), IALLOC(S1 * k)};
+      for (int impl = 0; impl < 2; impl++) {
+        dsv4_status (*fn)(const dsv4_indexer_args *) = impl ? dsv4_lightning_indexer_ref : dsv4_lightning_indexer;
+        dsv4_indexer_args a = P.a;
+        a.block = bs, a.n_cand = nc, a.cand_out = cand[impl];
+        tu_ok(fn(&a), "indexer with cand_out");
+        a.cand_out = NULL;
+        a.cand_in = cand[impl];
+        a.topk_ids = ids[impl];
+        tu_ok(fn(&a), "indexer with cand_in");
+      }
+      tu_check(!memcmp(cand[0], cand[1], sizeof(int32_t) * S1 * nc) && !memcmp(ids[0], ids[1], sizeof(int32_t) * S1 * k),
+               "indexer candidates fast == naive (same bits, exact scores): %s", d);
+      int bad_c = 0, bad_s = 0, bound = 0;
+      for (int64_t p = 0; p < S1; p++) {
+        const int n = P.vis_count[p], b0 = P.vis_begin[p], nb = (n + bs - 1) / bs;
+        double bsc[256];
+        int order[256], m = 0;
+        for (int b = 0; b < nb && b < 256; b++) { /* block scores, newest pinned */
+          double mx = -INFINITY;
+          for (int j = b * bs; j < n && j < (b + 1) * bs; j++) mx = fmax(mx, index_score(&P, p, b0 + j, NULL));
+          bsc[b] = b == nb - 1 ? INFINITY : mx;
+          int i = m++;
+          while (i > 0 && cand_before(bsc[b], b, bsc[order[i - 1]], order[i - 1])) { order[i] = order[i - 1]; i--; }
+          order[i] = b;
+        }
+        for (int j = 0; j < nc; j++) bad_c += cand[0][p * nc + j] != (j < nb ? order[j] : -1);
+        /* top-k inside the kept blocks */
+        double esc[256];
+        int eid[256], ne = 0;
+        for (int j = 0; j < n && ne < 256; j++) {
+          int in = 0;
+          for (int t = 0; t < nc && t < nb; t++) in |= order[t] == j / bs;
+          if (!in) continue;
+          const double sj = index_score(&P, p, b0 + j, NULL);
+          int i = ne++;
+          while (i > 0 && cand_before(sj, b0 + j, esc[i - 1], eid[i - 1])) { esc[i] = esc[i - 1]; eid[i] = eid[i - 1]; i--; }
+          esc[i] = sj, eid[i] = b0 + j;
+        }
+        for (int j = 0; j < k; j++) bad_s += ids[0][p * k + j] != (j < ne ? eid[j] : -1);
+        bound += ne < k && ne < n;
+      }
+      tu_check(!bad_c, "indexer candidate blocks (max per block, newest pinned, ties to the smaller block): %s (%d off)",
+               d, bad_c);
+      tu_check(!bad_s, "indexer top-k inside the candidate blocks (fewer than topk when they bind, -1 padded): %s (%d off)",
+               d, bad_s);
+      total_bound += bound;
+      free(cand[0]); free(cand[1]); free(ids[0]); free(ids[1]);
+    }
+    idx_free(&P);
+  }
+  tu_check(total_bound > 0, "indexer candidates: the sweep has queries whose blocks bind (%lld)", (long long)total_bound);
 }
 
 /* Ties by construction: identical key rows (bitwise identical scores in both paths, since a
@@ -528,8 +606,8 @@ static void cmp_subset(const cmp_prob *P, int64_t k, cmp_prob *Q) {
   Q->rows = P->rows - r0;
   Q->rows_out = Q->sp.n_slots;
   Q->C = DUP(P->C + r0 * P->cD, (P->rows - r0) * P->cD);
-  Q->Z = DUP(P->Z + r0 * P->cD, (P->rows - r0) * P->cD);
-  Q->ape = DUP(P->ape, (int64_t)r * P->cD);
+  Q->Z = P->Z ? DUP(P->Z + r0 * P->cD, (P->rows - r0) * P->cD) : NULL;
+  Q->ape = P->ape ? DUP(P->ape, (int64_t)r * P->cD) : NULL;
   Q->norm_w = DUP(P->norm_w, P->sp.D);
   Q->out = FALLOC(Q->sp.n_slots * P->sp.D);
   Q->cur_row = DUP(P->cur_row + k, Q->sp.n_slots);
@@ -822,6 +900,7 @@ int main(void) {
   test_kl_given_teacher();
   test_diff_keeps_nan();
   test_indexer_identical_keys();
+  test_indexer_candidates();
   test_sparse_attn();
   test_kl_forward();
   test_invariance_attn();

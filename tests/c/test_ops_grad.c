@@ -286,8 +286,8 @@ typedef struct { float *dC, *dZ, *d_ape, *d_norm; } cmp_grads;
 
 static void cmp_grads_alloc(const cmp_prob *P, cmp_grads *g) {
   g->dC = FALLOC(P->rows * P->cD);
-  g->dZ = FALLOC(P->rows * P->cD);
-  g->d_ape = FALLOC((int64_t)P->sp.ratio * P->cD);
+  g->dZ = P->Z ? FALLOC(P->rows * P->cD) : NULL;     /* V4.1 r = 1: no gate */
+  g->d_ape = P->ape ? FALLOC((int64_t)P->sp.ratio * P->cD) : NULL; /* V4.1: no APE */
   g->d_norm = FALLOC(P->sp.D);
 }
 static void cmp_grads_free(cmp_grads *g) { free(g->dC); free(g->dZ); free(g->d_ape); free(g->d_norm); }
@@ -305,6 +305,7 @@ static void cmp_grads_compare(const cmp_prob *P, const cmp_grads *a, const cmp_g
       {"d_ape", a->d_ape, b->d_ape, (int64_t)P->sp.ratio * P->cD}, {"d_norm_w", a->d_norm, b->d_norm, P->sp.D}};
   char name[320];
   for (int i = 0; i < 4; i++) {
+    if (!t[i].x) continue;
     snprintf(name, sizeof name, "compressor backward %s %s: %s", what, t[i].name, d);
     tu_close(name, t[i].x, t[i].y, t[i].n, tol, 1.0);
   }
@@ -320,7 +321,7 @@ static void test_cmp_bwd(void) {
     cmp_prob P;
     cmp_make(&P, &sp);
     cmp_desc(&P, d, sizeof d);
-    const int n_rows = P.sp.ratio == 4 ? (P.prev_row ? 8 : 4) : 128;
+    const int n_rows = P.sp.ratio == 4 ? (P.prev_row ? 8 : 4) : P.sp.ratio;
     const double tol = 8 * (n_rows + P.sp.D + P.sp.n_slots) * U32 * cmp_amplification(&P);
     float *dout = FALLOC(P.rows_out * P.sp.D);
     tu_fill(dout, P.rows_out * P.sp.D, 50 + c, 1.0f);
@@ -333,8 +334,8 @@ static void test_cmp_bwd(void) {
     cmp_grads_alloc(&P, &g2);
     cmp_grads_alloc(&P, &ex);
     add_base(g2.dC, ex.dC, gF.dC, P.rows * P.cD, 61);
-    add_base(g2.dZ, ex.dZ, gF.dZ, P.rows * P.cD, 62);
-    add_base(g2.d_ape, ex.d_ape, gF.d_ape, (int64_t)P.sp.ratio * P.cD, 63);
+    if (P.Z) add_base(g2.dZ, ex.dZ, gF.dZ, P.rows * P.cD, 62);
+    if (P.ape) add_base(g2.d_ape, ex.d_ape, gF.d_ape, (int64_t)P.sp.ratio * P.cD, 63);
     add_base(g2.d_norm, ex.d_norm, gF.d_norm, P.sp.D, 64);
     cmp_bwd(&P, 0, dout, &g2);
     cmp_grads_compare(&P, &g2, &ex, tol, "fast accumulates (base + grads)", d);
@@ -356,15 +357,17 @@ static double cmp_objective(void *c) {
 }
 
 /* Central differences on tiny compressors: r = 4 with previous windows (slot 0's from a halo) and
- * an out_row map; r = 128 with D = 4. */
+ * an out_row map; r = 128 with D = 4; V4.1's r = 2 (no APE) and r = 1 (no gate). */
 static void test_cmp_fd(void) {
   static const cmp_spec CASES[] = {
       {4, 8, 4, 3, 4, PREV_ROWS, 1, 31},
       {4, 4, 2, 2, 0, PREV_ROWS, 0, 32},
       {128, 4, 2, 2, 0, PREV_NULL, 0, 33},
+      {2, 4, 2, 3, 1, PREV_NULL, 1, 34},
+      {1, 4, 2, 3, 0, PREV_NULL, 0, 35},
   };
   char d[128], name[320];
-  for (int c = 0; c < 3; c++) {
+  for (int c = 0; c < (int)(sizeof CASES / sizeof CASES[0]); c++) {
     cmp_prob P;
     cmp_make(&P, &CASES[c]);
     cmp_desc(&P, d, sizeof d);
@@ -381,6 +384,7 @@ static void test_cmp_fd(void) {
         {"dC", P.C, nc, 0}, {"dZ", P.Z, nc, 1}, {"d_ape", P.ape, (int64_t)P.sp.ratio * P.cD, 2},
         {"d_norm_w", P.norm_w, P.sp.D, 3}};
     for (int i = 0; i < 4; i++) {
+      if (!in[i].x) continue; /* no gate (r = 1) or no APE (V4.1) */
       double *fd = (double *)xalloc((size_t)in[i].n, sizeof(double));
       fd_grad(cmp_objective, &ctx, in[i].x, in[i].n, FD_H, fd);
       for (int naive = 0; naive < 2; naive++) {

@@ -1,0 +1,253 @@
+#!/usr/bin/env -S /usr/bin/python3
+"""test_v41.py: DeepSeek V4.1 (CSA2, docs/spec.md section 10) end to end through `dsv4cp run
+--layers A-B`:
+  - golden: every standard V4.1 case of tests/ref/cases41.py (every role, packed / padded / batched
+    inputs, windows longer than documents, top-k larger than the visible set, candidates that bind,
+    a kept set smaller than top-k, ties, dense loss, bf16 / f16 weights, the released nesting and
+    the ModelArgs names, sub-ranges) against the independent float64 reference (ref41.py), fast path
+    and naive path;
+  - CP: packings whose r = 2 groups straddle rank boundaries, 1-row shards, both splits, N = 2..4:
+    out, topk_ids and indexer_loss of every layer bitwise equal to N = 1, dx and gradients within
+    docs/spec.md section 6; recomputation byte for byte; measured bytes == plan (bench);
+  - released checkpoints: a hand-written V4.1-format sharded checkpoint (nested config, FP8 E4M3
+    with E8M0 32 x 32 block scales, BF16 compressor / indexer weights, F32 sinks, Engram / expert /
+    vision / DSpark tensors the attention never reads) loaded by `run --layers 0-9` at N = 1 and 2
+    against the reference on its dequantised values; `dsv4cp weights` lists what a range needs;
+  - errors: a layer whose source lies outside the range, a consumer run alone, a DSpark stage, a
+    missing x.{L}: one error line on every rank naming the layers."""
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+
+import testlib as T
+
+sys.path.insert(0, T.REF)
+import cases41  # noqa: E402
+
+# CP cases: T a multiple of 24 (N = 2, 3, 4 with both splits). Documents of odd lengths put r = 2
+# groups across rank boundaries; each case lists the layers it runs.
+_R1_CHAIN = ("--ratios 0,1,1,1,1,0 --kv-sources 1 --index-sources 1,3 --candidate-source 1 "
+             "--candidate-topk-blocks 2 --candidate-block-size 3 --topk 5")
+CP41_CASES = {
+    "cp41_unpadded": "--layers 0-9 --coeff 0.5 --seed 201 --docs 1,2,3,4,5,6,7,8,9,10,11,6",
+    "cp41_padded": "--layers 0-9 --coeff 0.5 --seed 202 --docs 24:17,24:24,24:9",
+    "cp41_batch": "--layers 0-9 --coeff 0.5 --seed 203 --batch 2 --seq 24",
+    "cp41_wide_window": "--layers 0-9 --coeff 0.5 --seed 204 --window 30 --docs 47,25",
+    "cp41_candidates_bind": "--layers 0-9 --coeff 0.5 --seed 205 --docs 72",
+    "cp41_dense": "--layers 1-8 --coeff 0.5 --seed 206 --loss-mode dense --docs 31,41",
+    "cp41_r1_chain": f"--layers 0-5 --coeff 0.5 --seed 207 {_R1_CHAIN} --docs 37,35",
+    # T = 8 at N = 4: 2-row shards, zigzag 1-row chunks (r = 2 groups split in two everywhere)
+    "cp41_one_row_chunks": "--layers 0-9 --coeff 0.5 --seed 208 --docs 8",
+}
+RANKS = (2, 3, 4)
+FAIL_SECONDS = 30
+
+
+def make_case41(build, name, args):
+    """gen_case41 + ref41 into the golden directory unless an up-to-date copy exists. Returns
+    (dir, 'A-B')."""
+    d = os.path.join(T.golden_dir(build), name)
+    stamp_file = os.path.join(d, "stamp")
+    stamp = T._ref_stamp(args + " +ref41")
+    a = shlex.split(args)
+    layers = a[a.index("--layers") + 1]
+    if os.path.exists(stamp_file) and open(stamp_file).read() == stamp:
+        return d, layers
+    os.makedirs(d, exist_ok=True)
+    rc, out, err = T.run([T.PYTHON, os.path.join(T.REF, "gen_case41.py"), "--out", d] + a, timeout=120)
+    if rc != 0:
+        raise RuntimeError(f"gen_case41 {name} failed: {err.strip()[-300:]}")
+    rc, out, err = T.run([T.PYTHON, os.path.join(T.REF, "ref41.py")] + files41(d, layers) +
+                         ["--output", os.path.join(d, "exp.safetensors")], timeout=300)
+    if rc != 0:
+        raise RuntimeError(f"ref41 {name} failed: {err.strip()[-300:]}")
+    with open(stamp_file, "w") as fh:
+        fh.write(stamp)
+    return d, layers
+
+
+def files41(d, layers, grad=True):
+    a = ["--config", os.path.join(d, "config.json"), "--layers", layers,
+         "--weights", os.path.join(d, "weights.safetensors"), "--input", os.path.join(d, "in.safetensors")]
+    g = os.path.join(d, "grad.safetensors")
+    if grad and os.path.exists(g):
+        a += ["--grad-output", g]
+    return a
+
+
+def test_golden(build, names):
+    for name in names:
+        try:
+            d, layers = make_case41(build, name, cases41.CASES[name])
+        except RuntimeError as e:
+            T.check(False, f"v41 golden {name}: reference", str(e))
+            continue
+        for path, flag in (("fast", []), ("naive", ["--naive"])):
+            got = os.path.join(d, f"got_{path}.safetensors")
+            rc, out, err = T.cli(build, ["run"] + files41(d, layers) + ["--output", got, "--quiet"] + flag, timeout=300)
+            if not T.check(rc == 0, f"v41 golden {name} {path} runs", err.strip()[-300:]):
+                continue
+            ok, line = T.compare_ref(got, os.path.join(d, "exp.safetensors"), name)
+            T.check(ok, f"v41 golden {name} {path} (layers {layers}) vs float64 reference", line)
+
+
+def case_tokens(d):
+    x = [v for k, v in T.load(os.path.join(d, "in.safetensors")).items() if k == "x" or k.startswith("x.")][0]
+    return (x.shape[0] * x.shape[1], x.shape[1], True) if x.ndim == 3 else (x.shape[0], x.shape[0], False)
+
+
+def test_cp(build, bitwise):
+    for name, args in CP41_CASES.items():
+        try:
+            d, layers = make_case41(build, name, args)
+        except RuntimeError as e:
+            T.check(False, f"v41 cp {name}: reference", str(e))
+            continue
+        total, seq, batched = case_tokens(d)
+        one = os.path.join(d, "cp1.safetensors")
+        rc, out, err = T.cli(build, ["run"] + files41(d, layers) + ["--output", one, "--quiet"])
+        if not T.check(rc == 0, f"v41 cp {name} N=1 runs", err.strip()[-300:]):
+            continue
+        ok, line = T.compare_ref(one, os.path.join(d, "exp.safetensors"), name)
+        T.check(ok, f"v41 cp {name} N=1 vs float64 reference", line)
+        for n in RANKS:
+            for zigzag in (False, True):
+                tag = f"v41 cp {name} N={n}{' zigzag' if zigzag else ''}"
+                outp = os.path.join(d, f"cp{n}{'z' if zigzag else ''}.safetensors")
+                cmd = ["run"] + files41(d, layers) + ["--output", outp, "--quiet"]
+                cmd += ["--split", "zigzag"] if zigzag else []
+                t0 = time.time()
+                rc, out, err = T.cli(build, cmd, nranks=n, timeout=120)
+                unit = seq if batched else total
+                if unit % (2 * n if zigzag else n):
+                    lines = [l for l in err.splitlines() if l.startswith("dsv4cp: error:")]
+                    T.check(rc != 0 and len(lines) == n and time.time() - t0 < FAIL_SECONDS,
+                            f"{tag} rejected loudly on every rank", err.strip()[-200:])
+                    continue
+                if not T.check(rc == 0, f"{tag} runs", err.strip()[-300:]):
+                    continue
+                fails = T.compare_cp(outp, one, tag, bitwise)
+                T.check(not fails, f"{tag} vs CP=1 ({'bitwise forward' if bitwise else 'tolerance'}, every layer)",
+                        "; ".join(fails))
+        # recomputation writes the same bytes (N = 1 and 2)
+        for n in (1, 2):
+            files = []
+            for flag in ([], ["--recompute"]):
+                outp = os.path.join(d, f"rc{n}{'r' if flag else ''}.safetensors")
+                rc, out, err = T.cli(build, ["run"] + files41(d, layers) + ["--output", outp, "--quiet"] + flag,
+                                     nranks=n, timeout=120)
+                files.append(outp if rc == 0 else None)
+            same = all(files) and open(files[0], "rb").read() == open(files[1], "rb").read()
+            T.check(same, f"v41 cp {name} N={n}: --recompute writes the same bytes")
+
+
+def test_bytes_plan(build):
+    """Measured message bytes and saved activations equal the plan for a whole V4.1 range."""
+    for n, split, docs in ((2, "contiguous", "1:12"), (3, "zigzag", "3:40"), (4, "contiguous", "1:5")):
+        j = os.path.join(T.golden_dir(build), f"v41_bench_{n}.json")
+        if os.path.exists(j):
+            os.remove(j)
+        rc, out, err = T.cli(build, ["bench", "--preset", "tiny41", "--layers", "0-9", "--seq", "96", "--doc-lengths",
+                                     docs, "--split", split, "--reps", "1", "--json", j], nranks=n, timeout=120)
+        rec = json.loads(open(j).read().splitlines()[-1]) if rc == 0 and os.path.exists(j) else {}
+        T.check(rec.get("bytes_match_plan") is True and rec.get("saved_bytes_match_plan") is True,
+                f"v41 bench N={n} {split} docs {docs}: measured bytes and saved activations == plan",
+                err.strip()[-200:] if rc else json.dumps({k: rec.get(k) for k in ("bytes_match_plan",
+                                                                                    "saved_bytes_match_plan")}))
+
+
+def test_checkpoint(build):
+    sys.path.insert(0, T.HERE)
+    import ckptlib41
+    import numpy as np
+    d = os.path.join(T.golden_dir(build), "v41_released")
+    os.makedirs(d, exist_ok=True)
+    ck = ckptlib41.write_released(d, seed=5)
+    deq = ck.write_dequantized(os.path.join(d, "dequantized.safetensors"))
+    rng = np.random.default_rng(9)
+    cu = np.array([0, 24, 41, 72], dtype=np.int32)
+    dim = ck.config["text_config"]["hidden_size"]
+    T.st.write(os.path.join(d, "in.safetensors"), {**{f"x.{L}": rng.standard_normal((72, dim)).astype(np.float32)
+                                                      for L in range(10)}, "cu_seqlens": cu,
+                                                   "seqlens_real": np.array([24, 15, 31], dtype=np.int32)})
+    T.st.write(os.path.join(d, "grad.safetensors"), {f"dout.{L}": rng.standard_normal((72, dim)).astype(np.float32)
+                                                     for L in range(10)})
+    common = ["--config", ck.config_path, "--layers", "0-9", "--input", os.path.join(d, "in.safetensors"),
+              "--grad-output", os.path.join(d, "grad.safetensors")]
+    exp = os.path.join(d, "exp.safetensors")
+    rc, out, err = T.run([T.PYTHON, os.path.join(T.REF, "ref41.py")] + common + ["--weights", deq, "--output", exp],
+                         timeout=300)
+    if not T.check(rc == 0, "v41 checkpoint: reference on the dequantised weights", err.strip()[-300:]):
+        return
+    for n in (1, 2):
+        got = os.path.join(d, f"got{n}.safetensors")
+        rc, out, err = T.cli(build, ["run"] + common + ["--weights", ck.index_path, "--output", got, "--quiet"],
+                             nranks=n, timeout=300)
+        if T.check(rc == 0, f"v41 checkpoint: run --layers 0-9 on the released layout at N={n}", err.strip()[-300:]):
+            ok, line = T.compare_ref(got, exp, "v41_released")
+            T.check(ok, f"v41 checkpoint N={n}: FP8 32 x 32, BF16, shards, unrelated tensors vs reference", line)
+    rc, out, err = T.cli(build, ["weights", "--config", ck.config_path, "--layers", "5-8", "--weights", ck.index_path])
+    T.check(rc == 0 and "layers.5.attn.indexer.wk.weight" in out and "layers.7.attn.indexer.wq_b.weight" in out
+            and "layers.6.attn.compressor" not in out, "v41 weights --layers 5-8 lists what each role reads",
+            (out + err).strip()[-300:])
+
+
+def expect_error(build, name, args, want, n=1):
+    t0 = time.time()
+    rc, out, err = T.cli(build, args, nranks=n, timeout=60)
+    lines = [l for l in err.splitlines() if l.startswith("dsv4cp: error:")]
+    ok = rc != 0 and len(lines) == n and len(set(lines)) == 1 and all(w in lines[0] for w in want)
+    T.check(ok and time.time() - t0 < FAIL_SECONDS, f"v41 error: {name}",
+            f"exit {rc}: {lines[0] if lines else err.strip()[-200:]}")
+
+
+def test_errors(build):
+    base = ["run", "--preset", "tiny41", "--seq", "24", "--output", os.path.join(T.golden_dir(build), "e.st")]
+    expect_error(build, "a reuse layer run alone names its kv source", base + ["--layer", "2"],
+                 ["layer 2", "layer 1", "--layers 1-2"])
+    expect_error(build, "a range starting after a source names both", base + ["--layers", "3-6"],
+                 ["layer 3", "layer 1", "outside the range"], n=2)
+    expect_error(build, "a range after the candidate source", base + ["--layers", "6-8"], ["layer 6", "layer 5"])
+    expect_error(build, "--layer and --layers together", base + ["--layer", "1", "--layers", "1-2"],
+                 ["--layer and --layers"])
+    expect_error(build, "a bad range", base + ["--layers", "4-2"], ["--layers", "4-2"])
+    expect_error(build, "a DSpark draft stage is refused",
+                 ["run", "--preset", "flash41", "--seq", "8", "--layer", "41", "--output",
+                  os.path.join(T.golden_dir(build), "e.st")], ["layer 41", "DSpark"])
+    # a missing x.{L}: the first layer's x found, another's absent
+    d, layers = make_case41(build, "v41_range_1_4", cases41.CASES["v41_range_1_4"])
+    x = T.load(os.path.join(d, "in.safetensors"))
+    bad = os.path.join(d, "in_missing.safetensors")
+    T.st.write(bad, {k: v for k, v in x.items() if k != "x.3"})
+    args = files41(d, layers)
+    args[args.index("--input") + 1] = bad
+    expect_error(build, "a missing x.{L} is named", ["run"] + args + ["--output", os.path.join(d, "e.st")],
+                 ["x.3"])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--build", default="build")
+    p.add_argument("--only", choices=["golden", "cp", "bytes", "checkpoint", "errors"])
+    p.add_argument("cases", nargs="*", help="golden case names (default: all)")
+    a = p.parse_args()
+    rc, out, err = T.cli(a.build, ["info"])
+    bitwise = rc == 0 and "position invariant: yes" in out
+    if a.only in (None, "golden"):
+        test_golden(a.build, a.cases or list(cases41.CASES))
+    if a.only in (None, "cp"):
+        test_cp(a.build, bitwise)
+    if a.only in (None, "bytes"):
+        test_bytes_plan(a.build)
+    if a.only in (None, "checkpoint"):
+        test_checkpoint(a.build)
+    if a.only in (None, "errors"):
+        test_errors(a.build)
+    return T.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
