@@ -78,7 +78,7 @@ def main(out):
                 lines.append(f"{KINDS[ratio]:<12} {seq:>5} {'':>2} {'PyTorch':<10} {err[:60]}")
     lines += ["", "sgemm reference: cblas_sgemm 2048^3 measured in each run with the same threads "
               f"(median over runs: {median([r['sgemm_gflops_per_rank'] for r in res]):.1f} GFLOP/s per rank)", ""]
-    lines += recompute_table(res, peers) + packed_table(res) + long_table(longs)
+    lines += recompute_table(res, peers) + packed_table(res) + v41_table(res) + long_table(longs)
     lines += targets(res, peers, longs)
     text = "\n".join(lines) + "\n"
     open(os.path.join(out, "report.txt"), "w").write(text)
@@ -132,6 +132,33 @@ def packed_table(res):
             out.append(f"{KINDS[ratio]:<12} {seq:>5} {p['packing'].split()[0]:>5} {p['gflops']:>8.1f} {a['gflops']:>8.1f} "
                        f"{p['fraction_of_sgemm'] / a['fraction_of_sgemm']:>6.3f} {100 * p['fraction_of_sgemm']:>6.1f}% "
                        f"{100 * a['fraction_of_sgemm']:>7.1f}% {plan:>4}")
+    return out + [""]
+
+
+def sent_per_rank(r):
+    """The largest rank's bytes sent per forward + backward, every message kind."""
+    return max(sum(m["bytes_sent"] for m in pr["messages"].values()) for pr in r["per_rank"])
+
+
+def v41_table(res):
+    """DeepSeek V4.1-Flash source groups (dsv4cp bench --layers): time, fraction of sgemm, and the
+    bytes each rank sends per layer of the group next to a V4 CSA layer's at the same length."""
+    rows = [r for r in res if r.get("preset") == "v41"]
+    if not rows:
+        return []
+    out = ["V4.1-Flash source groups (a kv source and the layers reading its compressed kv), forward + backward",
+           f"{'layers':<8} {'seq':>5} {'N':>2} {'fwd s':>8} {'bwd s':>8} {'tok/s':>7} {'GFLOP/s':>8} {'%sgemm':>7} "
+           f"{'RSS MB':>7} {'KiB/rank':>9} {'per layer':>9} {'V4 CSA':>7} {'plan':>4}"]
+    for r in sorted(rows, key=lambda r: (r["layers"], r["seq"], r["ranks"])):
+        a, b = (int(v) for v in r["layers"].split("-"))
+        n_lay = b - a + 1
+        sent = sent_per_rank(r) / 1024 if r["ranks"] > 1 else 0
+        csa = find(res, 4, r["seq"], r["ranks"])
+        csa_s = f"{sent_per_rank(csa) / 1024:>7.0f}" if csa and r["ranks"] > 1 else f"{'-':>7}"
+        plan = {True: "yes", False: "NO", None: "-"}[r.get("bytes_match_plan")]
+        out.append(f"{r['layers']:<8} {r['seq']:>5} {r['ranks']:>2} {r['fwd_s']:>8.2f} {r['bwd_s']:>8.2f} "
+                   f"{r['tokens_per_s']:>7.0f} {r['gflops']:>8.1f} {100 * r['fraction_of_sgemm']:>6.1f}% "
+                   f"{r['peak_rss_mb']:>7.0f} {sent:>9.0f} {sent / n_lay:>9.0f} {csa_s} {plan:>4}")
     return out + [""]
 
 

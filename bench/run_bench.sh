@@ -4,7 +4,9 @@
 # and zigzag), CP = 1 with recomputation, CP = 2 on randomly packed documents of 50..3000 tokens
 # (4096 and up), one thread per rank, and the PyTorch peer (bench/peer.py) with one thread; each
 # configuration in its own process so that peak memory is per configuration. Then bench/report.py
-# writes bench/out/report.txt, report.json and the plots. (make bench-long: bench/run_bench_long.sh.)
+# writes bench/out/report.txt, report.json and the plots. At 4096 tokens also two V4.1-Flash source
+# groups (kv source 14, r = 2, with its reuse layers 15 and 16; kv source 20, r = 1, with 21 and 22),
+# CP = 1 and 2. (make bench-long: bench/run_bench_long.sh.)
 #   BENCH_SEQS="1024 4096"  lengths to run (default 1024 4096 8192)
 #   BENCH_PEER=0            skip the PyTorch peer
 #   BENCH_REPS=3            timed repetitions (lengths >= 8192 use 1)
@@ -18,6 +20,7 @@ PEER=${BENCH_PEER:-1}
 . bench/common.sh
 total=0
 for s in $SEQS; do total=$((total + 3 * (4 + PEER))); [ "$s" -ge 4096 ] && total=$((total + 3)); done
+case " $SEQS " in *" 4096 "*) total=$((total + 4)) ;; esac
 k=0
 step() { k=$((k + 1)); printf '[%2d/%2d] %s\n' "$k" "$total" "$*"; }
 "$BUILD/dsv4cp" bench --header --layer 0 --seq 64 --reps 1 --preset tiny > /dev/null 2>&1 # warm caches
@@ -51,5 +54,15 @@ for s in $SEQS; do
     fi
   done
 done
+case " $SEQS " in *" 4096 "*)
+  for group in 14-16 20-22; do
+    step "dsv4cp CP=1 V4.1-Flash layers $group seq 4096"
+    "$BUILD/dsv4cp" bench --preset flash41 --layers "$group" --seq 4096 --reps "${BENCH_REPS:-3}" --threads 1 \
+      --json "$OUT/results.jsonl" || echo "  failed"
+    step "dsv4cp CP=2 V4.1-Flash layers $group seq 4096"
+    $MPIRUN "$BUILD/dsv4cp" bench --preset flash41 --layers "$group" --seq 4096 --reps "${BENCH_REPS:-3}" \
+      --threads 1 --json "$OUT/results.jsonl" || echo "  failed"
+  done ;;
+esac
 "$BUILD/dsv4cp" plan --preset flash --seq 4096 --ranks 2 > "$OUT/plan.txt"
 /usr/bin/python3 bench/report.py "$OUT"

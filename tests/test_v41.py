@@ -13,6 +13,8 @@
     with E8M0 32 x 32 block scales, BF16 compressor / indexer weights, F32 sinks, Engram / expert /
     vision / DSpark tensors the attention never reads) loaded by `run --layers 0-9` at N = 1 and 2
     against the reference on its dequantised values; `dsv4cp weights` lists what a range needs;
+  - Python: the binding as docs/spec.md section 10 writes it (dsv4cp.Shared, the layers in order,
+    autograd), at N = 1 against the reference and under mpirun -np 2, 3 bitwise equal to the CLI;
   - errors: a layer whose source lies outside the range, a consumer run alone, a DSpark stage, a
     missing x.{L}: one error line on every rank naming the layers."""
 import argparse
@@ -195,6 +197,36 @@ def test_checkpoint(build):
             (out + err).strip()[-300:])
 
 
+def test_python(build):
+    if T.sanitized():
+        print("note: the Python binding is not tested in the sanitizer pass")
+        return
+    env = {"PYTHONPATH": os.path.join(T.ROOT, "python")}
+    for name, runs in (("v41_packed", ((1, "contiguous"),)), ("v41_batch", ((1, "contiguous"),)),
+                       ("cp41_unpadded", ((2, "zigzag"), (3, "contiguous"))),
+                       ("cp41_r1_chain", ((2, "contiguous"),))):
+        args = cases41.CASES.get(name) or CP41_CASES[name]
+        d, layers = make_case41(build, name, args)
+        files = [os.path.join(d, f) for f in ("config.json",)] + [layers] + \
+                [os.path.join(d, f) for f in ("weights.safetensors", "in.safetensors", "grad.safetensors")]
+        for n, split in runs:
+            got = os.path.join(d, f"py{n}{split[0]}.safetensors")
+            cmd = [T.PYTHON, os.path.join(T.HERE, "py_runner41.py")] + files + [got, "--split", split]
+            if n > 1:
+                cmd = ["mpirun", "--quiet", "--oversubscribe", "--allow-run-as-root", "-np", str(n)] + cmd
+            rc, out, err = T.run(cmd, timeout=300, env=env)
+            tag = f"v41 python {name} N={n} {split} (Shared, layers {layers} in order, autograd)"
+            if not T.check(rc == 0, f"{tag} runs", err.strip()[-300:]):
+                continue
+            ok, line = T.compare_ref(got, os.path.join(d, "exp.safetensors"), name)
+            T.check(ok, f"{tag} vs float64 reference", line)
+            cli = os.path.join(d, f"cli{n}{split[0]}.safetensors")
+            rc, out, err = T.cli(build, ["run"] + files41(d, layers) + ["--output", cli, "--quiet", "--split", split],
+                                 nranks=n, timeout=120)
+            fails = T.compare_cp(got, cli, tag, True) if rc == 0 else [err.strip()[-200:]]
+            T.check(not fails, f"{tag}: forward bitwise the CLI's at the same N", "; ".join(fails))
+
+
 def expect_error(build, name, args, want, n=1):
     t0 = time.time()
     rc, out, err = T.cli(build, args, nranks=n, timeout=60)
@@ -231,7 +263,7 @@ def test_errors(build):
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--build", default="build")
-    p.add_argument("--only", choices=["golden", "cp", "bytes", "checkpoint", "errors"])
+    p.add_argument("--only", choices=["golden", "cp", "bytes", "checkpoint", "python", "errors"])
     p.add_argument("cases", nargs="*", help="golden case names (default: all)")
     a = p.parse_args()
     rc, out, err = T.cli(a.build, ["info"])
@@ -244,6 +276,8 @@ def main():
         test_bytes_plan(a.build)
     if a.only in (None, "checkpoint"):
         test_checkpoint(a.build)
+    if a.only in (None, "python"):
+        test_python(a.build)
     if a.only in (None, "errors"):
         test_errors(a.build)
     return T.finish()

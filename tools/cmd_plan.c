@@ -176,12 +176,17 @@ static int plan_layer(cli_ctx *c, const plan_run *pr, int layer, const dsv4_pack
     }
   }
   const dsv4_memory_plan *m = &mem[worst];
-  printf("  memory (rank %d, the largest): weights %s + gradients %s + saved activations %s (of which replicated "
-         "compressed %s)\n", worst, fmt_bytes((double)m->weights, a, 16), fmt_bytes((double)m->grads, b, 16),
-         fmt_bytes((double)m->saved, e, 16), fmt_bytes((double)m->replicated, f, 16));
+  if (pr->cfg->v41)
+    printf("  memory (rank %d, the largest): weights %s + gradients %s + saved activations %s\n", worst,
+           fmt_bytes((double)m->weights, a, 16), fmt_bytes((double)m->grads, b, 16), fmt_bytes((double)m->saved, e, 16));
+  else
+    printf("  memory (rank %d, the largest): weights %s + gradients %s + saved activations %s (of which replicated "
+           "compressed %s)\n", worst, fmt_bytes((double)m->weights, a, 16), fmt_bytes((double)m->grads, b, 16),
+           fmt_bytes((double)m->saved, e, 16), fmt_bytes((double)m->replicated, f, 16));
   if (m->shared)
-    printf("                              + shared state %s (V4.1: the group's compressed kv / top-k)\n",
-           fmt_bytes((double)m->shared, a, 16));
+    printf("                              + shared state %s (the group's global compressed kv and keys with their "
+           "gradient sums, replicated %s; this rank's top-k)\n",
+           fmt_bytes((double)m->shared, a, 16), fmt_bytes((double)m->replicated, b, 16));
   printf("                              + transient %s + inputs/outputs %s = %s\n", fmt_bytes((double)m->transient, a, 16),
          fmt_bytes((double)m->io, b, 16), fmt_bytes((double)m->total, e, 16));
   gs->sent_max += smax_all;

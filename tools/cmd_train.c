@@ -1,7 +1,8 @@
-/* cmd_train.c: `dsv4cp train --steps K`: K steps of plain SGD on one layer with a fixed synthetic
- * objective, printing the loss per step; run with CP = 1 and CP = N to see the same losses (the
- * design documents' loss-equivalence test).
- *   objective = 0.5 sum_rows ||out - y||^2 / (T d) + indexer_loss,   y seeded random
+/* cmd_train.c: `dsv4cp train --steps K`: K steps of plain SGD on one layer (or a range of layers,
+ * one shared state per step: a V4.1 source group) with a fixed synthetic objective, printing the
+ * loss per step; run with CP = 1 and CP = N to see the same losses (the design documents'
+ * loss-equivalence test).
+ *   objective = sum_L [0.5 sum_rows ||out_L - y_L||^2 / (T d) + indexer_loss_L],   y_L seeded random
  *   w <- w - lr * (rank-summed gradient)
  * The squared-error sum is reduced exactly (128-bit fixed point: integer sums are associative) so
  * that, given bitwise equal outputs, every rank count prints the same bits. Weight gradients are sums over tokens
@@ -36,58 +37,79 @@ static double exact_allsum(cli_ctx *c, const double *terms, int64_t n) {
   return ldexp((double)tot, -FRAC_BITS);
 }
 
-/* The SGD loop; returns after recording any error in c. */
+/* The SGD loop over the range's layers (forwards in order, backwards in reverse); returns after
+ * recording any error in c. */
 static void train(cli_ctx *c, job *j, int64_t steps, double lr) {
   const int64_t d = j->cfg.dim, n = j->n;
-  dsv4_layer *l = NULL;
+  const int nl = j->n_lay;
+  dsv4_layer **l = calloc((size_t)nl, sizeof *l);
+  dsv4_weights **g = calloc((size_t)nl, sizeof *g);
   dsv4_comm *comm = NULL;
-  dsv4_weights *g = NULL;
-  float *out = malloc(sizeof(float) * (size_t)(n * d + 1)), *y = malloc(sizeof(float) * (size_t)(n * d + 1));
-  float *dout = malloc(sizeof(float) * (size_t)(n * d + 1)), *dx = malloc(sizeof(float) * (size_t)(n * d + 1));
-  double *terms = malloc(sizeof(double) * (size_t)(n + 1));
-  if (!out || !y || !dout || !dx || !terms) {
+  dsv4_shared *sh = NULL;
+  float *out = malloc(sizeof(float) * (size_t)(nl * n * d + 1)), *y = malloc(sizeof(float) * (size_t)(nl * n * d + 1));
+  float *dout = malloc(sizeof(float) * (size_t)(nl * n * d + 1)), *dx = malloc(sizeof(float) * (size_t)(n * d + 1));
+  double *terms = malloc(sizeof(double) * (size_t)(nl * n + 1));
+  if (!l || !g || !out || !y || !dout || !dx || !terms) {
     cli_error(c, "out of memory");
     goto done;
   }
-  const uint64_t ys = dsv4_random_stream(TARGET_STREAM);
-  for (int64_t i = 0; i < n; i++) dsv4_random_fill(y + i * d, d, j->seed, ys, j->rows[i] * d, 1.0f);
-  if (job_make_layer(c, j, 0, 1, &l, &comm)) goto done;
-  if (cli_lib(c, dsv4_weights_create(&g, &j->cfg, j->layer))) goto done;
+  for (int k = 0; k < nl; k++) { /* the one-layer stream for the first layer, one per layer after */
+    char name[48];
+    snprintf(name, sizeof name, k ? TARGET_STREAM ".%d" : TARGET_STREAM, j->layer + k);
+    const uint64_t ys = dsv4_random_stream(name);
+    for (int64_t i = 0; i < n; i++) dsv4_random_fill(y + (k * n + i) * d, d, j->seed, ys, j->rows[i] * d, 1.0f);
+    if (job_make_layer(c, j, k, 1, &l[k], &comm)) goto done;
+    if (cli_lib(c, dsv4_weights_create(&g[k], &j->cfg, j->layer + k))) goto done;
+  }
+  if (cli_lib(c, dsv4_shared_create(&sh))) goto done;
   const double norm = 1.0 / ((double)j->T * d);
   for (int64_t step = 1; step <= steps; step++) {
     char what[64];
     snprintf(what, sizeof what, "step %lld of %lld", (long long)step, (long long)steps);
     progress_at(c->progress, what, (double)(step - 1) / (double)steps);
-    float iloss = 0;
-    const dsv4_layer_fwd_args fa = {DSV4_HEAD(dsv4_layer_fwd_args), .out = out, .indexer_loss = &iloss, .x = j->x,
-                                    .n = n, .pk = &j->pk, .train = 1};
-    if (cli_lib(c, dsv4_layer_forward(l, &fa))) goto done;
-    for (int64_t i = 0; i < n; i++) {
-      double s = 0;
-      for (int64_t e = 0; e < d; e++) {
-        const double r = (double)out[i * d + e] - y[i * d + e];
-        s += r * r;
-        dout[i * d + e] = (float)(r * norm);
+    double iloss = 0;
+    dsv4_shared_reset(sh);
+    for (int k = 0; k < nl; k++) {
+      float il = 0;
+      float *o = out + k * n * d, *yk = y + k * n * d, *dk = dout + k * n * d;
+      const dsv4_layer_fwd_args fa = {DSV4_HEAD(dsv4_layer_fwd_args), .out = o, .indexer_loss = &il, .x = j->lx[k],
+                                      .n = n, .pk = &j->pk, .train = 1, .shared = sh};
+      if (cli_lib(c, dsv4_layer_forward(l[k], &fa))) goto done;
+      iloss += il;
+      for (int64_t i = 0; i < n; i++) {
+        double s = 0;
+        for (int64_t e = 0; e < d; e++) {
+          const double r = (double)o[i * d + e] - yk[i * d + e];
+          s += r * r;
+          dk[i * d + e] = (float)(r * norm);
+        }
+        terms[k * n + i] = 0.5 * s * norm;
       }
-      terms[i] = 0.5 * s * norm;
     }
-    const double mse = exact_allsum(c, terms, n);
+    const double mse = exact_allsum(c, terms, nl * n);
     cli_say(c, "step %lld  loss %.9e  (squared error %.9e + indexer %.9e)\n", (long long)step,
-            mse + iloss, mse, (double)iloss);
-    dsv4_weights_zero(g);
-    const dsv4_layer_bwd_args ba = {DSV4_HEAD(dsv4_layer_bwd_args), .dx = dx, .grads = g, .dout = dout, .d_loss = 1.0f};
-    if (cli_lib(c, dsv4_layer_backward(l, &ba))) goto done;
-    if (comm && cli_lib(c, dsv4_cp_allreduce_grads(comm, g))) goto done;
-    for (int i = 0; i < dsv4_weights_count(g); i++) {
-      dsv4_tensor tw = DSV4_TENSOR_INIT, tg = DSV4_TENSOR_INIT;
-      dsv4_weights_get(j->w, i, &tw);
-      dsv4_weights_get(g, i, &tg);
-      for (int64_t e = 0; e < tw.numel; e++) tw.data[e] -= (float)(lr * tg.data[e]);
+            mse + iloss, mse, iloss);
+    for (int k = nl - 1; k >= 0; k--) {
+      dsv4_weights_zero(g[k]);
+      const dsv4_layer_bwd_args ba = {DSV4_HEAD(dsv4_layer_bwd_args), .dx = dx, .grads = g[k], .dout = dout + k * n * d,
+                                      .d_loss = 1.0f};
+      if (cli_lib(c, dsv4_layer_backward(l[k], &ba))) goto done;
+    }
+    for (int k = 0; k < nl; k++) {
+      if (comm && cli_lib(c, dsv4_cp_allreduce_grads(comm, g[k]))) goto done;
+      for (int i = 0; i < dsv4_weights_count(g[k]); i++) {
+        dsv4_tensor tw = DSV4_TENSOR_INIT, tg = DSV4_TENSOR_INIT;
+        dsv4_weights_get(j->lw[k], i, &tw);
+        dsv4_weights_get(g[k], i, &tg);
+        for (int64_t e = 0; e < tw.numel; e++) tw.data[e] -= (float)(lr * tg.data[e]);
+      }
     }
   }
 done:
-  dsv4_weights_free(g);
-  dsv4_layer_free(l);
+  for (int k = 0; l && k < nl; k++) dsv4_layer_free(l[k]);
+  for (int k = 0; g && k < nl; k++) dsv4_weights_free(g[k]);
+  free(l), free(g);
+  dsv4_shared_free(sh);
   dsv4_comm_free(comm);
   free(out);
   free(y);
@@ -98,10 +120,11 @@ done:
 
 int cmd_train(cli_ctx *c, int argc, char **argv) {
   static const char *USAGE =
-      "usage: [mpirun -np N] dsv4cp train (--config config.json | --preset NAME) --layer L --steps K [options]\n"
+      "usage: [mpirun -np N] dsv4cp train (--config config.json | --preset NAME) (--layer L | --layers A-B)\n"
+      "                                   --steps K [options]\n"
       "\n"
-      "K steps of plain SGD on one layer with the objective 0.5 ||out - y||^2 / (T d) + indexer_loss\n"
-      "(y seeded random); prints the loss per step. CP = 1 and CP = N print the same losses: bitwise at\n"
+      "K steps of plain SGD on one layer (or layers A..B, a V4.1 source group, summed) with the objective\n"
+      "0.5 ||out - y||^2 / (T d) + indexer_loss (y seeded random); prints the loss per step. CP = 1 and CP = N print the same losses: bitwise at\n"
       "step 1, within the tolerance of docs/spec.md section 6 after (weight gradients are summed in a\n"
       "split-dependent order). On a terminal, a progress line on stderr.";
   job_opts o = {0};
@@ -130,8 +153,12 @@ int cmd_train(cli_ctx *c, int argc, char **argv) {
   progress_start(&prog, c->rank, 0, "dsv4cp train");
   c->progress = &prog;
   if (!cli_sync(c)) {
-    cli_say(c, "train: layer %d (compress ratio %d), T = %lld, CP = %d, lr %g\n", j.layer, j.ratio,
-            (long long)j.T, c->size, lr);
+    if (j.suffixed)
+      cli_say(c, "train: layers %d-%d, T = %lld, CP = %d, lr %g\n", j.layer, j.layer + j.n_lay - 1, (long long)j.T,
+              c->size, lr);
+    else
+      cli_say(c, "train: layer %d (compress ratio %d), T = %lld, CP = %d, lr %g\n", j.layer, j.ratio,
+              (long long)j.T, c->size, lr);
     train(c, &j, steps, lr);
   }
   int failed = cli_sync(c);

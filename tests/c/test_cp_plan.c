@@ -133,6 +133,49 @@ static void halos(void) {
   }
 }
 
+/* V4.1's r = 2 (docs/cp.md "V4.1"): one document of 10, N = 2 (L = 5). Entries [0,2) [2,4) [4,6) [6,8)
+ * [8,10) end at 1 3 5 7 9; entry 2 straddles the boundary at 5 and is pooled by rank 1 from one C/Z
+ * row of rank 0 (row 4, every channel). Slot buffers of ceil(5/2) = 3 rows: gather [0 1 3 4 5].
+ * Zigzag N = 2 (T = 10 is not a multiple of 4: refused; shown with T = 12, one document of 11
+ * real): rank 0 holds segments [0,3) and [9,12), rank 1 [3,6) and [6,9); entries end 1 3 5 7 9:
+ * rank 0 owns 0 and 4 (its [9,12) segment pools [8,10) with row 8 of rank 1), rank 1 owns 1 (with
+ * row 2 of rank 0) and 2 in its first segment, 3 in its second. Slot buffers of 2 + 2 rows per rank:
+ * entry 0 -> row 0, entry 4 -> row 2, entries 1, 2 -> rows 4, 5, entry 3 -> row 6. */
+static void v41_r2(void) {
+  dsv4_docs docs;
+  const int32_t cu[2] = {0, 10};
+  dsv4_layout *l = layouts(cu, NULL, 1, 10, 2, 2, 8, DSV4_SPLIT_CONTIGUOUS, &docs);
+  if (l) {
+    const int64_t win[2] = {0, 5}, ch[2] = {0, 1}, cf[2] = {0, 1}, own[2] = {2, 3};
+    expect_halos("V4.1 r=2 N=2, an entry straddling the boundary", l, 2, win, ch, cf, own);
+    const int32_t want[5] = {0, 1, 3, 4, 5};
+    tu_check(docs.n_cmp == 5 && l[0].n_blk == 3 && same_i32(l[0].gather, want, 5),
+             "V4.1 r=2 N=2: slot buffers of 3 rows, gather [0 1 3 4 5]");
+    free_all(l, 2, &docs);
+  }
+  const int32_t cu2[2] = {0, 12}, real2[1] = {11};
+  if ((l = layouts(cu2, real2, 1, 12, 2, 2, 8, DSV4_SPLIT_ZIGZAG, &docs))) {
+    tu_check(l[0].n_seg == 2 && l[0].seg[0].n_own == 1 && l[0].seg[1].n_own == 1 && l[0].seg[1].c_halo == 1 &&
+             l[1].n_seg == 2 && l[1].seg[0].n_own == 2 && l[1].seg[0].c_halo == 1 && l[1].seg[1].n_own == 1 &&
+             l[1].seg[1].c_halo == 0,
+             "V4.1 r=2 zigzag N=2: rank 0 owns entries 0 and 4 (one halo row for 4), rank 1 entries 1, 2 (one "
+             "halo row for 1) and 3");
+    const int32_t want[5] = {0, 4, 5, 6, 2};
+    tu_check(docs.n_cmp == 5 && same_i32(l[0].gather, want, 5), "V4.1 r=2 zigzag N=2: gather [0 4 5 6 2] (got [%d %d %d %d %d])",
+             l[0].gather[0], l[0].gather[1], l[0].gather[2], l[0].gather[3], l[0].gather[4]);
+    free_all(l, 2, &docs);
+  }
+  /* r = 1: every token is its own entry; no compressor halo ever */
+  const int32_t cu3[2] = {0, 8};
+  if ((l = layouts(cu3, NULL, 1, 8, 1, 4, 8, DSV4_SPLIT_ZIGZAG, &docs))) {
+    int none = 1;
+    for (int q = 0; q < 4; q++)
+      for (int s = 0; s < l[q].n_seg; s++) none &= l[q].seg[s].c_halo == 0 && l[q].seg[s].n_own == l[q].seg[s].len;
+    tu_check(none && docs.n_cmp == 8, "V4.1 r=1 zigzag N=4 (1-row chunks): each rank owns its rows' entries, no halo");
+    free_all(l, 4, &docs);
+  }
+}
+
 static void gather_index(void) {
   dsv4_docs docs;
   /* docs [0,12) and [12,32) (18 real), r = 4: 3 + 4 slots, ends 3 7 11 | 15 19 23 27 */
@@ -352,6 +395,7 @@ int main(void) {
   shards();
   halos();
   gather_index();
+  v41_r2();
   plans();
   slot_ids();
   layout_rules();
