@@ -15,6 +15,7 @@
     against the reference on its dequantised values; `dsv4cp weights` lists what a range needs;
   - Python: the binding as docs/spec.md section 10 writes it (dsv4cp.Shared, the layers in order,
     autograd), at N = 1 against the reference and under mpirun -np 2, 3 bitwise equal to the CLI;
+  - commands: check, train and plan over a range;
   - errors: a layer whose source lies outside the range, a consumer run alone, a DSpark stage, a
     missing x.{L}: one error line on every rank naming the layers."""
 import argparse
@@ -161,6 +162,28 @@ def test_bytes_plan(build):
                                                                                     "saved_bytes_match_plan")}))
 
 
+def test_commands(build, bitwise):
+    """check, train and plan over a V4.1 range."""
+    rc, out, err = T.cli(build, ["check", "--preset", "tiny41", "--layers", "0-9", "--seq", "48", "--doc-lengths",
+                                 "1:12", "--seed", "4"], nranks=3, timeout=120)
+    want = "forward and top-k bitwise equal to CP = 1: yes" if bitwise else "verdict: PASS"
+    T.check(rc == 0 and "verdict: PASS" in out and want in out and "out.9" in out and "topk_ids.7" in out,
+            "v41 check --layers 0-9 at N=3: every layer's tensors reported, PASS", (out + err).strip()[-300:])
+    lines = {}
+    for n in (1, 2, 4):
+        rc, out, err = T.cli(build, ["train", "--preset", "tiny41", "--layers", "0-9", "--seq", "48", "--steps", "3",
+                                     "--doc-lengths", "3:20"], nranks=n, timeout=120)
+        lines[n] = [l for l in out.splitlines() if l.startswith("step ")] if rc == 0 else None
+    ok = all(lines[n] and len(lines[n]) == 3 for n in lines) and lines[1][0] == lines[2][0] == lines[4][0]
+    T.check(ok, "v41 train --layers 0-9: 3 steps at N = 1, 2, 4, the first step's loss line identical",
+            " | ".join(str(lines[n][:1] if lines[n] else None) for n in lines))
+    rc, out, err = T.cli(build, ["plan", "--preset", "flash41", "--seq", "4096", "--ranks", "2", "--layers", "20-23"])
+    T.check(rc == 0 and "layer 21: reuse (compress ratio 1)" in out and "layers 20-23 together" in out and
+            "slot_allgather" in out.split("layer 21:")[0] and "slot_allgather" not in out.split("layer 21:")[1],
+            "v41 plan --layers 20-23: the kv source gathers, its readers do not; the group's sum",
+            (out + err).strip()[-300:])
+
+
 def test_checkpoint(build):
     sys.path.insert(0, T.HERE)
     import ckptlib41
@@ -263,7 +286,7 @@ def test_errors(build):
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--build", default="build")
-    p.add_argument("--only", choices=["golden", "cp", "bytes", "checkpoint", "python", "errors"])
+    p.add_argument("--only", choices=["golden", "cp", "bytes", "commands", "checkpoint", "python", "errors"])
     p.add_argument("cases", nargs="*", help="golden case names (default: all)")
     a = p.parse_args()
     rc, out, err = T.cli(a.build, ["info"])
@@ -274,6 +297,8 @@ def main():
         test_cp(a.build, bitwise)
     if a.only in (None, "bytes"):
         test_bytes_plan(a.build)
+    if a.only in (None, "commands"):
+        test_commands(a.build, bitwise)
     if a.only in (None, "checkpoint"):
         test_checkpoint(a.build)
     if a.only in (None, "python"):

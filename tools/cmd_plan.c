@@ -227,7 +227,7 @@ int cmd_plan(cli_ctx *c, int argc, char **argv) {
   const char *split = NULL, *threads_s = NULL, *json = NULL, *budget_s = NULL;
   int recompute = 0;
   const cli_opt opts[] = {
-      {"preset", "NAME", "built-in config: flash (default), pro or tiny", &preset, NULL},
+      {"preset", "NAME", "built-in config: flash (default), pro, tiny, flash41 or tiny41", &preset, NULL},
       {"config", "FILE", "Hugging Face style config.json instead of --preset", &config, NULL},
       {"seq", "S", "tokens per sequence (default 4096)", &seq, NULL},
       {"batch", "B", "B sequences of --seq tokens (default 1)", &batch, NULL},

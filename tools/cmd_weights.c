@@ -165,7 +165,7 @@ int cmd_weights(cli_ctx *c, int argc, char **argv) {
   const char *config = NULL, *preset = NULL, *layer_s = NULL, *layers_s = NULL, *weights = NULL, *export_path = NULL;
   const cli_opt opts[] = {
       {"config", "FILE", "config.json (released HF names or DeepSeek's ModelArgs names)", &config, NULL},
-      {"preset", "NAME", "built-in config instead of --config: flash, pro or tiny", &preset, NULL},
+      {"preset", "NAME", "built-in config instead of --config: flash, pro, tiny, flash41 or tiny41", &preset, NULL},
       {"layer", "L", "layer index (V4: num_hidden_layers + i is the MTP layer mtp.i) (this or --layers)", &layer_s,
        NULL},
       {"layers", "A-B", "every layer of A..B (a V4.1 source group)", &layers_s, NULL},

@@ -25,8 +25,8 @@ int job_common_opts(job_opts *o, cli_opt *opts, job_cmd cmd) {
                               : "Hugging Face style config.json (required unless --preset)",
                         &o->config, NULL};
   opts[n++] = (cli_opt){"preset", "NAME",
-                        bench ? "built-in config instead of --config: flash (default), pro or tiny"
-                              : "built-in config instead of --config: flash, pro or tiny",
+                        bench ? "built-in config instead of --config: flash (default), pro, tiny, flash41 or tiny41"
+                              : "built-in config instead of --config: flash, pro, tiny, flash41 or tiny41",
                         &o->preset, NULL};
   opts[n++] = (cli_opt){"layer", "L", "layer index; its compress ratio picks the layer kind (this or --layers)",
                         &o->layer, NULL};

@@ -33,7 +33,8 @@ static dsv4_status flops(const dsv4_config *cfg, int layer, const dsv4_packing *
   const int v41 = cfg->v41 != 0, sparse = v41 ? r > 0 : r == 4, selects = in.selects;
   const double c = r == 4 ? 2 : 1;
   const double proj = 2 * (d * dq + dq * H * D + d * D + H * D * Ro + G * Ro * d);
-  const double comp = v41 ? (in.role == DSV4_ROLE_FULL ? 2 * d * D * (r == 2 ? 2 : 1) : 0) : r > 0 ? 2 * 2 * d * c * D : 0;
+  const double comp_v41 = in.role == DSV4_ROLE_FULL ? 2 * d * D * (r == 2 ? 2 : 1) : 0; /* wkv, wgate (r = 2) */
+  const double comp = v41 ? comp_v41 : r > 0 ? 2 * 2 * d * c * D : 0;
   const double idx_proj = selects ? 2 * (dq * Hi * Di + d * Hi + (v41 ? 0 : 2 * d * 2 * Di)) : 0;
   const double key_proj = v41 && in.role == DSV4_ROLE_FULL ? 2 * D * Di * (double)docs.cu_cmp[docs.n_docs] : 0;
   double keys = 0, vis = 0, sel = 0, tokens = 0;

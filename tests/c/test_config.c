@@ -156,8 +156,89 @@ static void test_namings(void) {
            "config: a device as the file says so (%s)", dsv4_last_error());
 }
 
+/* DeepSeek V4.1 (docs/spec.md section 10): the presets' roles, the released nesting and the
+ * ModelArgs names, and every validation rule with its key and layer. */
+#define V41_TEXT                                                                                     \
+  BASE ", " INDEX ", \"compress_ratios\": [0, 2, 2, 2, 1, 1, 1, 0], \"num_hidden_layers\": 7, "     \
+  "\"kv_source_layer_ids\": [1, 4], \"index_source_layer_ids\": [1, 3, 4, 6]"
+static void test_v41(void) {
+  dsv4_config c = DSV4_CONFIG_INIT;
+  dsv4_layer_info in = DSV4_LAYER_INFO_INIT;
+  tu_ok(dsv4_config_preset(&c, "flash41"), "flash41 preset");
+  tu_check(c.v41 && c.dim == 5120 && c.q_lora_rank == 1280 && c.n_hidden_layers == 40 && c.n_layers == 43 &&
+               c.compress_ratios[2] == 2 && c.compress_ratios[20] == 1 && c.compress_ratios[40] == 0 &&
+               c.candidate_source == 20 && c.candidate_topk_blocks == 2048 && c.candidate_block_size == 8 &&
+               c.fp8_block[0] == 32 && c.eps == 1e-20,
+           "config flash41 preset: V4.1-Flash values (ratios, sources, candidates, 32 x 32 FP8 blocks, eps 1e-20)");
+  static const struct { int layer; dsv4_role role; int kv, ix, sel, cand, uses; } ROLES[] = {
+      {0, DSV4_ROLE_WINDOW, -1, -1, 0, 0, 0}, {2, DSV4_ROLE_FULL, 2, 2, 1, 0, 0},
+      {3, DSV4_ROLE_REUSE, 2, 2, 0, 0, 0},    {20, DSV4_ROLE_FULL, 20, 20, 1, 1, 0},
+      {23, DSV4_ROLE_REUSE, 20, 20, 0, 0, 0}, {24, DSV4_ROLE_REINDEX, 20, 24, 1, 0, 1},
+      {39, DSV4_ROLE_REUSE, 20, 36, 0, 0, 0}};
+  for (size_t i = 0; i < sizeof ROLES / sizeof ROLES[0]; i++) {
+    const int ok = dsv4_config_layer(&c, ROLES[i].layer, &in) == DSV4_OK;
+    tu_check(ok && in.role == ROLES[i].role && in.kv_source == ROLES[i].kv && in.index_source == ROLES[i].ix &&
+                 in.selects == ROLES[i].sel && in.candidate_source == ROLES[i].cand &&
+                 in.uses_candidates == ROLES[i].uses,
+             "config flash41 layer %d: role %d, kv source %d, index source %d", ROLES[i].layer, (int)in.role,
+             in.kv_source, in.index_source);
+  }
+  tu_check(dsv4_config_layer(&c, 41, &in) == DSV4_ERR_UNSUPPORTED && strstr(dsv4_last_error(), "DSpark"),
+           "config flash41 layer 41 is a DSpark draft stage: refused (%s)", dsv4_last_error());
+  dsv4_weights *w = NULL;
+  tu_check(dsv4_weights_create(&w, &c, 40) != DSV4_OK && strstr(dsv4_last_error(), "layer 40"),
+           "weights of a DSpark stage refused (%s)", dsv4_last_error());
+  tu_ok(dsv4_config_preset(&c, "tiny41"), "tiny41 preset");
+  int roles[5] = {0};
+  for (int L = 0; L < c.n_layers; L++)
+    if (dsv4_config_layer(&c, L, &in) == DSV4_OK) roles[in.role]++, roles[DSV4_ROLE_OWN] += in.uses_candidates;
+  tu_check(roles[DSV4_ROLE_WINDOW] == 2 && roles[DSV4_ROLE_FULL] == 2 && roles[DSV4_ROLE_REINDEX] == 2 &&
+               roles[DSV4_ROLE_REUSE] == 4 && roles[DSV4_ROLE_OWN] == 1,
+           "config tiny41: 2 window, 2 kv sources (r = 2 and r = 1), 2 reindex (one inside candidates), 4 reuse");
+  /* the released nesting: text keys under text_config, quantization_config at the top */
+  parse_case("V4.1 released nesting", "{\"model_type\": \"deepseek_v41\", \"text_config\": {" V41_TEXT "}, "
+             "\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", \"scale_fmt\": \"ue8m0\", "
+             "\"weight_block_size\": [32, 32]}}", DSV4_OK, NULL);
+  dsv4_config_parse(&c, "{\"text_config\": {" V41_TEXT "}, \"quantization_config\": {\"quant_method\": \"fp8\", "
+                        "\"fmt\": \"e4m3\", \"weight_block_size\": [32, 32]}}");
+  tu_check(c.v41 && c.n_kv_sources == 2 && c.kv_sources[1] == 4 && c.n_index_sources == 4 && c.fp8_block[1] == 32 &&
+               c.eps == 1e-20 && c.candidate_source == -1,
+           "config V4.1 nested: sources, FP8 block 32 from quantization_config, eps default 1e-20, no candidates");
+  parse_case("V4.1 ModelArgs names", "{\"dim\": 64, \"n_heads\": 4, \"head_dim\": 32, \"rope_head_dim\": 16, "
+             "\"q_lora_rank\": 48, \"o_groups\": 2, \"o_lora_rank\": 24, \"window_size\": 16, " INDEX ", "
+             "\"compress_ratios\": [0, 2, 2, 1, 1], \"n_layers\": 5, \"kv_source_layers\": [1, 3], "
+             "\"index_source_layers\": [1, 3], \"candidate_source_layer\": 3, \"candidate_topk_blocks\": 4, "
+             "\"candidate_block_size\": 2, \"compress_rope_theta\": 160000, \"original_seq_len\": 65536, "
+             "\"rope_factor\": 16}", DSV4_OK, NULL);
+  static const struct { const char *what, *keys, *needle; } BAD[] = {
+      {"a kv source that is not an index source",
+       "\"kv_source_layer_ids\": [1, 4], \"index_source_layer_ids\": [1, 3, 6]", "layer 4 is not in"},
+      {"a source of ratio 0", "\"kv_source_layer_ids\": [0, 1, 4], \"index_source_layer_ids\": [0, 1, 4]",
+       "layer 0, whose compress ratio is 0"},
+      {"a layer whose source has another ratio", "\"kv_source_layer_ids\": [1], \"index_source_layer_ids\": [1]",
+       "layer 4 has ratio 1 but its kv source, layer 1"},
+      {"a candidate source that is not the last kv source",
+       "\"kv_source_layer_ids\": [1, 4], \"index_source_layer_ids\": [1, 3, 4, 6], \"candidate_source_layer_id\": 1, "
+       "\"candidate_topk_blocks\": 8, \"candidate_block_size\": 2", "candidate_source_layer_id layer 1"},
+      {"candidate blocks too few for index_topk",
+       "\"kv_source_layer_ids\": [1, 4], \"index_source_layer_ids\": [1, 3, 4, 6], \"candidate_source_layer_id\": 4, "
+       "\"candidate_topk_blocks\": 3, \"candidate_block_size\": 2", "< index_topk (8)"},
+      {"a source at a DSpark stage", "\"kv_source_layer_ids\": [1, 4, 7], \"index_source_layer_ids\": [1, 4, 7]",
+       "names layer 7, outside 0..6"},
+  };
+  for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+    char text[1024];
+    snprintf(text, sizeof text, "{" BASE ", " INDEX ", \"compress_ratios\": [0, 2, 2, 2, 1, 1, 1, 0], "
+             "\"num_hidden_layers\": 7, %s}", BAD[i].keys);
+    parse_case(BAD[i].what, text, DSV4_ERR_CONFIG, BAD[i].needle);
+  }
+  parse_case("V4.1 with ratio 4", "{" BASE ", " INDEX ", \"compress_ratios\": [0, 4], \"num_hidden_layers\": 2, "
+             "\"kv_source_layer_ids\": [1], \"index_source_layer_ids\": [1]}", DSV4_ERR_CONFIG, "compress_ratios[1]");
+}
+
 int main(void) {
   test_namings();
+  test_v41();
   dsv4_config c = DSV4_CONFIG_INIT;
   const char *presets[] = {"flash", "pro", "tiny"};
   for (int i = 0; i < 3; i++) tu_ok(dsv4_config_preset(&c, presets[i]), presets[i]);

@@ -1,13 +1,17 @@
 /* test_ops_fwd.c: forward checks of the operators in src/ops (the backward ones are in
  * test_ops_grad.c): fast vs naive reference on many shapes and edge cases (rmsnorm, rope,
- * compressor r = 4 and 128, lightning indexer, sparse attention, KL loss), the top-k contract
+ * compressor r = 1, 2, 4 and 128, lightning indexer with V4.1's candidate blocks, sparse attention,
+ * KL loss), the top-k contract
  * (ties to the smaller id, (score desc, id asc), -1 / -INFINITY padding), position invariance of
  * the fast kernels (a query's bits do not depend on the other queries of the call: what makes
  * CP = N bitwise equal to CP = 1), the two-phase sparse attention, and argument validation.
  *
  * Tolerances (fast fp32 vs naive double) are bounds of the form (number of fp32 terms summed) x
  * 2^-24 x (magnitude of the terms), stated at each check; a few fp32 roundings per term are covered
- * by a small constant factor. */
+ * by a small constant factor.
+ *
+ * Usage: test_ops_fwd [FILTER | --list]: the checks of the TESTS table (bottom) whose
+ * "operator/property" contains FILTER, e.g. `test_ops_fwd compressor` or `test_ops_fwd invariance`. */
 #include "ops_fixtures.h"
 #include "ops/rmsnorm.h"
 #include "ops/sparse_attn.h"
@@ -889,25 +893,33 @@ static void test_rope_window(void) {
   dsv4_rope_free(&b);
 }
 
-int main(void) {
+/* The operators' forward checks (test_ops_grad.c has the backward ones). */
+static void probe(void) {
   g_bitwise = dsv4_blas_probe_invariance();
-  test_rope_window();
   if (!g_bitwise) printf("note: this BLAS is not row-position invariant: invariance checked to 1e-5\n");
-  test_rmsnorm();
-  test_rope();
-  test_compressor();
-  test_indexer();
-  test_kl_given_teacher();
-  test_diff_keeps_nan();
-  test_indexer_identical_keys();
-  test_indexer_candidates();
-  test_sparse_attn();
-  test_kl_forward();
-  test_invariance_attn();
-  test_invariance_indexer();
-  test_invariance_kl();
-  test_invariance_compressor();
-  test_thread_invariance();
-  test_validation();
-  return tu_finish();
+}
+
+static const tu_test TESTS[] = {
+    {"rope", "contract", test_rope_window},
+    {"rmsnorm", "fast-vs-naive", test_rmsnorm},
+    {"rope", "fast-vs-naive", test_rope},
+    {"compressor", "fast-vs-naive", test_compressor},
+    {"indexer", "fast-vs-naive", test_indexer},
+    {"kl_loss", "contract", test_kl_given_teacher},
+    {"util", "contract", test_diff_keeps_nan},
+    {"indexer", "contract", test_indexer_identical_keys},
+    {"indexer", "candidates", test_indexer_candidates},
+    {"sparse_attn", "fast-vs-naive", test_sparse_attn},
+    {"kl_loss", "fast-vs-naive", test_kl_forward},
+    {"sparse_attn", "position-invariance", test_invariance_attn},
+    {"indexer", "position-invariance", test_invariance_indexer},
+    {"kl_loss", "position-invariance", test_invariance_kl},
+    {"compressor", "position-invariance", test_invariance_compressor},
+    {"all", "thread-invariance", test_thread_invariance},
+    {"all", "contract", test_validation},
+};
+
+int main(int argc, char **argv) {
+  probe();
+  return tu_run(argc, argv, TESTS, (int)(sizeof TESTS / sizeof TESTS[0]));
 }

@@ -3,7 +3,8 @@
  * repeated ids, HCA ranges vs the same keys as ids, r = 4 and 128 compressors, sparse and dense KL),
  * central finite differences on tiny shapes for every backward (each checked against the naive AND
  * the fast backward), the overwritten / accumulated contract of every gradient buffer, and position
- * invariance of the fast sparse attention's dq. */
+ * invariance of the fast sparse attention's dq. Usage: test_ops_grad [FILTER | --list] (as
+ * test_ops_fwd). */
 #include "ops_fixtures.h"
 #include "ops/rmsnorm.h"
 #include "util/gemm.h"
@@ -577,16 +578,19 @@ static void test_kl_fd(void) {
     }
 }
 
-int main(void) {
+static const tu_test TESTS[] = {
+    {"rmsnorm", "finite-differences", test_rmsnorm_grad},
+    {"sparse_attn", "backward", test_attn_bwd},
+    {"sparse_attn", "finite-differences", test_attn_fd},
+    {"sparse_attn", "position-invariance", test_attn_dq_invariance},
+    {"compressor", "backward", test_cmp_bwd},
+    {"compressor", "finite-differences", test_cmp_fd},
+    {"kl_loss", "backward", test_kl_grad},
+    {"kl_loss", "finite-differences", test_kl_fd},
+};
+
+int main(int argc, char **argv) {
   g_bitwise = dsv4_blas_probe_invariance();
   if (!g_bitwise) printf("note: this BLAS is not row-position invariant: invariance checked to 1e-5\n");
-  test_rmsnorm_grad();
-  test_attn_bwd();
-  test_attn_fd();
-  test_attn_dq_invariance();
-  test_cmp_bwd();
-  test_cmp_fd();
-  test_kl_grad();
-  test_kl_fd();
-  return tu_finish();
+  return tu_run(argc, argv, TESTS, (int)(sizeof TESTS / sizeof TESTS[0]));
 }

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <string.h>
 
 #include "util/rng.h"
 
@@ -34,6 +35,24 @@ void tu_fail(const char *fmt, ...) {
 int tu_finish(void) {
   printf("%d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;
+}
+
+int tu_run(int argc, char **argv, const tu_test *tests, int n) {
+  const char *filter = argc > 1 ? argv[1] : NULL;
+  if (filter && !strcmp(filter, "--list")) {
+    for (int i = 0; i < n; i++) printf("%s/%s\n", tests[i].op, tests[i].property);
+    return 0;
+  }
+  int ran = 0;
+  for (int i = 0; i < n; i++) {
+    char name[128];
+    snprintf(name, sizeof name, "%s/%s", tests[i].op, tests[i].property);
+    if (filter && !strstr(name, filter)) continue;
+    tests[i].run();
+    ran++;
+  }
+  if (filter && !ran) tu_fail("no test matches '%s' (--list shows them)", filter);
+  return tu_finish();
 }
 
 void tu_fill(float *x, int64_t n, uint64_t seed, float scale) {

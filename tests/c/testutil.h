@@ -26,6 +26,22 @@ int tu_close(const char *name, const float *a, const float *b, int64_t n, double
 /* Checks a library status: "PASS what", or "FAIL what: status (the library's last error)". */
 int tu_ok(dsv4_status st, const char *what);
 
+/* The tests of a binary, declared once as a table: each entry names the operator (or unit) it
+ * checks and which property (ggml's test-backend-ops model):
+ *   fast-vs-naive        the fast kernel against the naive reference on the case sweep
+ *   backward             the fast backward against the naive one, overwrite / accumulate contracts
+ *   finite-differences   both backwards against central differences of the naive forward
+ *   position-invariance  a row's bits do not depend on the other rows of the call
+ *   thread-invariance    nor on the thread count
+ *   contract             edge cases, validation, documented semantics
+ * tu_run runs the entries whose "op/property" contains the filter (argv[1]; all without one), or
+ * lists them (--list), then prints the summary line. */
+typedef struct {
+  const char *op, *property;
+  void (*run)(void);
+} tu_test;
+int tu_run(int argc, char **argv, const tu_test *tests, int n);
+
 /* A packing (the versioned struct, dsv4cp.h) from its five values. */
 #define TU_PACKING(cu, real, n, T_, b) \
   ((dsv4_packing){DSV4_HEAD(dsv4_packing), .cu_seqlens = (cu), .seqlens_real = (real), .n_docs = (n), .T = (T_), .batched = (b)})
