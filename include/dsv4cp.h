@@ -198,6 +198,12 @@ DSV4_API void dsv4_shared_reset(dsv4_shared *s);
 DSV4_API void dsv4_shared_free(dsv4_shared *s);
 /* Bytes its buffers hold. */
 DSV4_API size_t dsv4_shared_bytes(const dsv4_shared *s);
+/* Declares that `layer`, which read a kv source's compressed kv in this pass's training forward,
+ * will not run its backward (its outputs do not reach the loss): its gradient contribution is zero,
+ * and the source's backward no longer waits for it. Call it before the source's backward, on every
+ * rank alike. Errors: the layer read no kv source in this pass, or its backward (or its source's)
+ * already ran. */
+DSV4_API dsv4_status dsv4_shared_skip_backward(dsv4_shared *s, int layer);
 
 /* ---------------------------------------------------------------------------------------------
  * Weights of one layer (SPEC section 2): an owned set of fp32 tensors with DeepSeek's names.

@@ -3,8 +3,12 @@
 (docs/spec.md section 10's snippet: one dsv4cp.Shared per forward pass, the layers called in order,
 autograd for the backward), for the tests: same files in, same tensor names out.
 
-  py_runner41.py CONFIG A-B WEIGHTS INPUT GRAD OUTPUT [--split MODE] [--recompute]
+  py_runner41.py CONFIG A-B WEIGHTS INPUT GRAD OUTPUT [--split MODE] [--recompute] [--unused L | --zero L]
   (under mpirun -np N: CP = N with mpi4py; every rank takes its own rows, rank 0 writes)
+
+--unused L leaves layer L's outputs out of the objective (autograd never runs its backward; its
+dx.{L} and gradients are not written); --zero L keeps them with weight 0 (its backward runs and adds
+zeros): every other tensor must be the same bytes either way.
 
 The objective is sum_L sum(out_L * dout_L) + sum of the index layers' losses; each layer reads x.{L}
 (or the one x) as a leaf tensor, so dx.{L} is x.{L}'s gradient.
@@ -30,6 +34,8 @@ def main():
         p.add_argument(name)
     p.add_argument("--split", default="contiguous")
     p.add_argument("--recompute", action="store_true")
+    p.add_argument("--unused", type=int, default=-1)
+    p.add_argument("--zero", type=int, default=-1)
     a = p.parse_args()
     from mpi4py import MPI
     comm = MPI.COMM_WORLD if MPI.COMM_WORLD.Get_size() > 1 else None
@@ -57,14 +63,18 @@ def main():
         xs[L] = mine(inp.get(f"x.{L}", inp.get("x"))).requires_grad_()
         out, topk_ids, indexer_loss = attn[L](xs[L], cu, real, shared=state)
         dout = mine(grads_in.get(f"dout.{L}", grads_in.get("dout")))
-        objective = objective + (out * dout).sum() + (indexer_loss if indexer_loss is not None else 0)
+        term = (out * dout).sum() + (indexer_loss if indexer_loss is not None else 0)
+        if L != a.unused:
+            objective = objective + (term * 0 if L == a.zero else term)
         res[f"out.{L}"] = out.detach().reshape(-1, d).numpy()
-        if topk_ids is not None:
+        if topk_ids is not None and L != a.unused:
             res[f"topk_ids.{L}"] = topk_ids.numpy()
             losses[L] = indexer_loss.item()
     objective.backward()
     grads = {}
     for L in layers:
+        if L == a.unused:
+            continue
         dsv4cp.allreduce_grads(attn[L])
         res[f"dx.{L}"] = xs[L].grad.reshape(-1, d).numpy()
         grads.update({f"grad.{attn[L].weights_prefix}{n}": q.grad.numpy() for n, q in attn[L].named_parameters()})

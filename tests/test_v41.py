@@ -29,6 +29,8 @@ import testlib as T
 
 sys.path.insert(0, T.REF)
 import cases41  # noqa: E402
+import numpy as np  # noqa: E402
+import st  # noqa: E402
 
 # CP cases: T a multiple of 24 (N = 2, 3, 4 with both splits). Documents of odd lengths put r = 2
 # groups across rank boundaries; each case lists the layers it runs.
@@ -250,6 +252,40 @@ def test_python(build):
             T.check(not fails, f"{tag}: forward bitwise the CLI's at the same N", "; ".join(fails))
 
 
+def test_python_unused(build):
+    """A reader whose outputs never reach the loss: autograd skips its backward, and its kv source's
+    backward (told by the binding) must neither wait for it nor change: every other tensor is the
+    bytes of the run that keeps the reader with weight 0."""
+    if T.sanitized():
+        return
+    env = {"PYTHONPATH": os.path.join(T.ROOT, "python")}
+    name = "cp41_unpadded"
+    d, layers = make_case41(build, name, CP41_CASES[name])
+    first, last = (int(v) for v in layers.split("-"))
+    files = [os.path.join(d, "config.json"), layers] + \
+        [os.path.join(d, f) for f in ("weights.safetensors", "in.safetensors", "grad.safetensors")]
+    reader = 3   # tiny41: a reindex layer reading layer 1's compressed kv (its own top-k and loss)
+    for n in (1, 2):
+        got = {}
+        for mode in ("--unused", "--zero"):
+            got[mode] = os.path.join(d, f"py_{mode[2:]}{n}.safetensors")
+            cmd = [T.PYTHON, os.path.join(T.HERE, "py_runner41.py")] + files + [got[mode], mode, str(reader)]
+            if n > 1:
+                cmd = ["mpirun", "--quiet", "--oversubscribe", "--allow-run-as-root", "-np", str(n)] + cmd
+            rc, out, err = T.run(cmd, timeout=300, env=env)
+            if not T.check(rc == 0, f"v41 python N={n}: layer {reader} {mode[2:]} in the loss, layers {layers}",
+                           err.strip()[-300:]):
+                break
+        else:
+            a, b = st.read(got["--unused"]), st.read(got["--zero"])
+            mine = {k for k in b if k.endswith(f".{reader}") or f"layers.{reader}." in k}
+            same = [k for k in a if k in b and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8))]
+            T.check(set(a) <= set(b) and set(b) - set(a) <= mine and f"dx.{reader}" not in a
+                    and len(same) == len(a),
+                    f"v41 python N={n}: a reader left out of the loss changes no other tensor (its source's "
+                    f"gradients included)", f"{len(same)} of {len(a)} equal; only in one: {sorted(set(a) ^ set(b))[:4]}")
+
+
 def expect_error(build, name, args, want, n=1):
     t0 = time.time()
     rc, out, err = T.cli(build, args, nranks=n, timeout=60)
@@ -303,6 +339,7 @@ def main():
         test_checkpoint(a.build)
     if a.only in (None, "python"):
         test_python(a.build)
+        test_python_unused(a.build)
     if a.only in (None, "errors"):
         test_errors(a.build)
     return T.finish()

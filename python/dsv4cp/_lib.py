@@ -187,6 +187,7 @@ _PROTOS = {
     "dsv4_shared_create": (_I, [POINTER(_P)]),
     "dsv4_shared_reset": (None, [_P]),
     "dsv4_shared_free": (None, [_P]),
+    "dsv4_shared_skip_backward": (_I, [_P, _I]),
     "dsv4_config_layer": (_I, [P_CONFIG, _I, _P]),
     "dsv4_comm_create_self": (_I, [POINTER(_P)]),
     "dsv4_comm_free": (None, [_P]),

@@ -164,13 +164,15 @@ class Shared:
     """The state DeepSeek V4.1 layers share in ONE forward pass (SPEC 10): create one per pass and
     hand it to every layer, called in model order; autograd runs the backwards in reverse. V4
     layers accept it and ignore it. reset() starts another pass with the same buffers (after the
-    previous pass's backward)."""
+    previous pass's backward). A reader whose outputs do not reach the loss is fine: autograd never
+    runs its backward, and its kv source's backward counts it as contributing nothing."""
 
     def __init__(self):
         h = ctypes.c_void_p()
         check(lib.dsv4_shared_create(ctypes.byref(h)))
         self._owned = _Owned(h, lib.dsv4_shared_free)
         self.tokens = {}   # kv source layer -> its token (the readers' autograd dependency)
+        self._pending = {}  # kv source layer -> readers that ran a training forward, backward not yet
 
     @property
     def handle(self):
@@ -179,6 +181,17 @@ class Shared:
     def reset(self):
         lib.dsv4_shared_reset(self._owned.handle)
         self.tokens = {}
+        self._pending = {}
+
+    def _before_backward(self, attn):
+        """A reader's backward: it is no longer pending. A kv source's: autograd runs every reader
+        whose outputs reach the loss before it, so the readers still pending never will; tell the
+        library they contribute nothing (else it would wait for them and refuse the backward)."""
+        if not attn._full:
+            self._pending.get(attn.kv_source, set()).discard(attn.layer)
+            return
+        for j in sorted(self._pending.pop(attn.layer, set())):
+            check(lib.dsv4_shared_skip_backward(self._owned.handle, j))
 
 
 class _LayerFunction(torch.autograd.Function):
@@ -201,6 +214,8 @@ class _LayerFunction(torch.autograd.Function):
     def backward(ctx, dout, _dtopk, dloss, _dtoken):
         attn = ctx.attn
         x = ctx.saved_tensors[0]
+        if ctx.shared is not None and attn.kv_source >= 0:
+            ctx.shared._before_backward(attn)
         dx, grads = attn._backward_c(ctx.generation, ctx.meta, x, dout, dloss)
         return (None, None, None, dx, None) + tuple(grads)
 
@@ -488,6 +503,8 @@ class Attention(torch.nn.Module):
             out, topk, loss, token = _LayerFunction.apply(self, meta, shared, xc, token_in, *self._params)
             if shared is not None and self._full:
                 shared.tokens[self.layer] = token
+            elif shared is not None and self.kv_source >= 0:
+                shared._pending.setdefault(self.kv_source, set()).add(self.layer)
         else:
             with torch.no_grad():
                 out, topk, loss = self._forward_c(xc, meta, train=False, shared=shared)

@@ -54,6 +54,27 @@ size_t dsv4_shared_bytes(const dsv4_shared *s) {
   return b;
 }
 
+dsv4_status dsv4_shared_skip_backward(dsv4_shared *s, int layer) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_CHECK(s, DSV4_ERR_ARG, "shared: NULL state");
+  DSV4_CHECK(layer >= 0 && layer < DSV4_MAX_LAYERS, DSV4_ERR_ARG, "shared: layer %d out of range", layer);
+  for (int i = 0; i < s->n_kv; i++) {
+    dsv4_shared_kv *e = s->kv[i];
+    DSV4_CHECK(!e->active || e->layer != layer, DSV4_ERR_STATE,
+               "shared: layer %d is a kv source: its backward cannot be skipped (it sums its readers')", layer);
+    if (!e->active || !e->reader[layer]) continue;
+    DSV4_CHECK(!e->done[layer], DSV4_ERR_STATE, "shared: layer %d's backward already ran (or was skipped) in this pass",
+               layer);
+    DSV4_CHECK(!e->bwd_done, DSV4_ERR_STATE,
+               "shared: layer %d's kv source, layer %d, already ran its backward (skip before it)", layer, e->layer);
+    e->done[layer] = 1; /* adds nothing to the sums: the source's backward sees a zero contribution */
+    return DSV4_OK;
+  }
+  DSV4_FAIL(DSV4_ERR_STATE, "shared: layer %d read no kv source in a training forward of this pass", layer);
+fail:
+  return rc;
+}
+
 size_t dsv4_shared_kv_bytes(int64_t n_cmp, int D, int Di) { return sizeof(float) * (size_t)n_cmp * (size_t)(D + Di); }
 
 size_t dsv4_shared_sel_bytes(int64_t n, int k, int n_cand) {

@@ -115,6 +115,43 @@ static void test_order_and_reuse(void) {
   dsv4_shared_free(sh);
 }
 
+/* A reader whose backward will not run (its outputs do not reach the loss) is skipped: the kv
+ * source's backward then runs and gives the bits of a pass where that reader's backward ran with a
+ * zero output gradient and loss weight 0. */
+static void test_skip(void) {
+  dsv4_shared *sh = NULL;
+  const size_t bytes = sizeof(float) * T_TOK * cfg.dim;
+  float *dx_zero = malloc(bytes), *zero = calloc(T_TOK * cfg.dim, sizeof(float));
+  tu_ok(dsv4_shared_create(&sh), "dsv4_shared_create");
+  int ok = 1;
+  for (int pass = 0; pass < 2; pass++) {
+    dsv4_shared_reset(sh);
+    for (int L = 1; L <= 3; L++) ok &= fwd(L, sh, T_TOK, 1) == DSV4_OK;
+    ok &= bwd(3) == DSV4_OK;
+    if (pass == 0) {
+      const dsv4_layer_bwd_args a = {DSV4_HEAD(dsv4_layer_bwd_args), .dx = dx, .grads = G[2], .dout = zero,
+                                     .d_loss = 0};
+      ok &= dsv4_layer_backward(Lay[2], &a) == DSV4_OK;
+    } else {
+      expect(dsv4_shared_skip_backward(sh, 1), "the kv source itself cannot be skipped", "layer 1", "kv source");
+      expect(dsv4_shared_skip_backward(sh, 3), "a reader whose backward ran cannot be skipped", "layer 3",
+             "already");
+      tu_ok(dsv4_shared_skip_backward(sh, 2), "skip reuse layer 2's backward");
+    }
+    dsv4_weights_zero(G[1]);
+    ok &= bwd(1) == DSV4_OK;
+    if (pass == 0) memcpy(dx_zero, dx, bytes);
+    else ok &= !memcmp(dx_zero, dx, bytes);
+    if (pass == 1) expect(dsv4_shared_skip_backward(sh, 2), "a skip after the source's backward", "layer 2", NULL);
+  }
+  tu_check(ok, "shared: a skipped reader adds nothing: the kv source's dx equals the zero-gradient reader's (%s)",
+           ok ? "" : dsv4_last_error());
+  expect(dsv4_shared_skip_backward(sh, 0), "a window-only layer read no kv source", "layer 0", "read no kv source");
+  free(dx_zero);
+  free(zero);
+  dsv4_shared_free(sh);
+}
+
 /* A V4 layer takes a shared state and ignores it. */
 static void test_v4_ignores(void) {
   dsv4_config c4 = DSV4_CONFIG_INIT;
@@ -145,7 +182,14 @@ static void test_v4_ignores(void) {
   dsv4_weights_free(w);
 }
 
-int main(void) {
+static const tu_test TESTS[] = {
+  {"shared", "misuse", test_misuse},
+  {"shared", "order-and-reuse", test_order_and_reuse},
+  {"shared", "skip", test_skip},
+  {"shared", "v4-ignores", test_v4_ignores},
+};
+
+int main(int argc, char **argv) {
   cfg = (dsv4_config)DSV4_CONFIG_INIT;
   if (!tu_ok(dsv4_config_preset(&cfg, "tiny41"), "tiny41 preset")) return tu_finish();
   const int64_t d = cfg.dim;
@@ -160,9 +204,7 @@ int main(void) {
     tu_ok(dsv4_weights_create(&G[L], &cfg, L), "grads");
     tu_ok(dsv4_layer_create(&Lay[L], &cfg, L, W[L]), "layer");
   }
-  test_misuse();
-  test_order_and_reuse();
-  test_v4_ignores();
+  int rc = tu_run(argc, argv, TESTS, (int)(sizeof TESTS / sizeof TESTS[0]));
   for (int L = 0; L < N_LAY; L++) {
     dsv4_layer_free(Lay[L]);
     dsv4_weights_free(W[L]);
@@ -170,5 +212,5 @@ int main(void) {
     free(out[L]);
   }
   free(x), free(dout), free(dx), free(topk);
-  return tu_finish();
+  return rc;
 }
