@@ -48,9 +48,14 @@ static void panels(void) {
   free(X), free(W), free(Y), free(Y2), free(R);
 }
 
-int main(void) {
-  wrappers_match_reference();
-  panels();
+static void probe(void) {
   printf("note: BLAS rows independent at a fixed position: %s\n", dsv4_blas_probe_invariance() ? "yes" : "no");
-  return tu_finish();
 }
+
+static const tu_test TESTS[] = {
+  {"blas", "wrappers-match-reference", wrappers_match_reference},
+  {"blas", "panels", panels},
+  {"blas", "probe", probe},
+};
+
+int main(int argc, char **argv) { return tu_run(argc, argv, TESTS, (int)(sizeof TESTS / sizeof TESTS[0])); }

@@ -236,9 +236,7 @@ static void test_v41(void) {
              "\"kv_source_layer_ids\": [1], \"index_source_layer_ids\": [1]}", DSV4_ERR_CONFIG, "compress_ratios[1]");
 }
 
-int main(void) {
-  test_namings();
-  test_v41();
+static void test_v4(void) {
   dsv4_config c = DSV4_CONFIG_INIT;
   const char *presets[] = {"flash", "pro", "tiny"};
   for (int i = 0; i < 3; i++) tu_ok(dsv4_config_preset(&c, presets[i]), presets[i]);
@@ -316,5 +314,12 @@ int main(void) {
     dsv4_weights_free(w);
   }
   tu_check(dsv4_weights_numel(&c, 1000, &(int64_t){0}) == DSV4_ERR_ARG, "weights_numel of an absent layer fails");
-  return tu_finish();
 }
+
+static const tu_test TESTS[] = {
+  {"config", "namings", test_namings},
+  {"config", "v41", test_v41},
+  {"config", "v4", test_v4},
+};
+
+int main(int argc, char **argv) { return tu_run(argc, argv, TESTS, (int)(sizeof TESTS / sizeof TESTS[0])); }

@@ -390,14 +390,15 @@ static void plan_keys(void) {
   dsv4_plan_key_free(&d);
 }
 
-int main(void) {
-  plan_keys();
-  shards();
-  halos();
-  gather_index();
-  v41_r2();
-  plans();
-  slot_ids();
-  layout_rules();
-  return tu_finish();
-}
+static const tu_test TESTS[] = {
+  {"plan", "keys", plan_keys},
+  {"plan", "shards", shards},
+  {"plan", "halos", halos},
+  {"plan", "gather-index", gather_index},
+  {"plan", "v41-r2-straddle", v41_r2},
+  {"plan", "plans", plans},
+  {"plan", "slot-ids", slot_ids},
+  {"plan", "layout-rules", layout_rules},
+};
+
+int main(int argc, char **argv) { return tu_run(argc, argv, TESTS, (int)(sizeof TESTS / sizeof TESTS[0])); }

@@ -277,15 +277,23 @@ static void no_stale_plan(int layer) {
   teardown(&b);
 }
 
-int main(void) {
+static void stale_plans(void) {
   for (int layer = 0; layer < 3; layer++) no_stale_plan(layer);
-  for (int layer = 0; layer < 3; layer++) {
-    fast_vs_naive(layer, 0);
-    fast_vs_naive(layer, 1);
-    cp_self(layer);
-    recompute_bitwise(layer, 0);
-    recompute_bitwise(layer, 1);
-  }
+}
+
+static void fast_naive(void) {
+  for (int layer = 0; layer < 3; layer++) fast_vs_naive(layer, 0), fast_vs_naive(layer, 1);
+}
+
+static void self_comm(void) {
+  for (int layer = 0; layer < 3; layer++) cp_self(layer);
+}
+
+static void recompute(void) {
+  for (int layer = 0; layer < 3; layer++) recompute_bitwise(layer, 0), recompute_bitwise(layer, 1);
+}
+
+static void fd(void) {
   finite_differences(0, "x", 6);
   finite_differences(0, "attn.wq_a.weight", 6);
   finite_differences(2, "x", 6);
@@ -293,6 +301,15 @@ int main(void) {
   finite_differences(1, "attn.wo_b.weight", 6);
   finite_differences(1, "attn.compressor.wkv.weight", 6);
   finite_differences(1, "attn.attn_sink", 4);
-  call_order();
-  return tu_finish();
 }
+
+static const tu_test TESTS[] = {
+  {"layer", "stale-plan", stale_plans},
+  {"layer", "fast-vs-naive", fast_naive},
+  {"layer", "self-communicator", self_comm},
+  {"layer", "recompute-bitwise", recompute},
+  {"layer", "finite-differences", fd},
+  {"layer", "call-order", call_order},
+};
+
+int main(int argc, char **argv) { return tu_run(argc, argv, TESTS, (int)(sizeof TESTS / sizeof TESTS[0])); }
