@@ -66,20 +66,36 @@ int64_t dsv4_panel_rows(int64_t T_global) {
   return p;
 }
 
-/* One panel: the run of local rows [i, j) that lies in global panel [base, base + P). A full
- * contiguous panel is computed in place; a partial one in a zero-padded scratch panel, each row at
- * its global position. */
-static void proj_panel(float *Y, int64_t ldy, const float *X, int64_t ldx, const float *W, int64_t N,
-                       int64_t K, const int64_t *glob, int64_t P, int64_t i, int64_t j, float *xs, float *ys) {
-  const int64_t base = glob[i] - glob[i] % P;
-  if (j - i == P) {
-    dsv4_gemm_nt(P, N, K, 1.0f, X + i * ldx, ldx, W, K, 0.0f, Y + i * ldy, ldy);
+/* One BLAS call of P rows. A run of local rows [i, j) (consecutive global indices inside one global
+ * panel) that fills its panel is computed in place. Runs that do not ("partial": a shard's or a
+ * zigzag chunk's ends) are grouped: runs whose positions in their panels (global index mod P) do
+ * not overlap share one zero-padded scratch panel, each row at its own position. That is exact for
+ * the same reason the panels are: a row's bits depend on its position in a same-shape call and not
+ * on the other rows (dsv4_blas_probe_invariance), so rows of two panels can share a call. A zigzag
+ * rank at T = 2 N P holds two half panels at complementary positions: one call instead of two. */
+typedef struct {
+  int64_t first, count; /* runs order[first .. first + count) */
+} proj_call;
+
+/* Output row of local row r (yrow NULL: r itself). */
+static inline int64_t out_row(const int64_t *yrow, int64_t r) { return yrow ? yrow[r] : r; }
+
+static void proj_call_run(float *Y, int64_t ldy, const int64_t *yrow, const float *X, int64_t ldx, const float *W,
+                          int64_t N, int64_t K, const int64_t *glob, int64_t P, const int64_t *start,
+                          const int64_t *order, const proj_call *c, float *xs, float *ys) {
+  const int64_t r0 = order[c->first];
+  if (c->count == 1 && start[r0 + 1] - start[r0] == P) { /* a run's output rows are consecutive */
+    dsv4_gemm_nt(P, N, K, 1.0f, X + start[r0] * ldx, ldx, W, K, 0.0f, Y + out_row(yrow, start[r0]) * ldy, ldy);
     return;
   }
   memset(xs, 0, sizeof(float) * (size_t)(P * K));
-  for (int64_t r = i; r < j; r++) memcpy(xs + (glob[r] - base) * K, X + r * ldx, sizeof(float) * (size_t)K);
+  for (int64_t q = c->first; q < c->first + c->count; q++)
+    for (int64_t r = start[order[q]]; r < start[order[q] + 1]; r++)
+      memcpy(xs + (glob[r] % P) * K, X + r * ldx, sizeof(float) * (size_t)K);
   dsv4_gemm_nt(P, N, K, 1.0f, xs, K, W, K, 0.0f, ys, N);
-  for (int64_t r = i; r < j; r++) memcpy(Y + r * ldy, ys + (glob[r] - base) * N, sizeof(float) * (size_t)N);
+  for (int64_t q = c->first; q < c->first + c->count; q++)
+    for (int64_t r = start[order[q]]; r < start[order[q] + 1]; r++)
+      memcpy(Y + out_row(yrow, r) * ldy, ys + (glob[r] % P) * N, sizeof(float) * (size_t)N);
 }
 
 /* Per-thread scratch of a partial panel: P rows of X (zero-padded) and of Y. */
@@ -90,26 +106,85 @@ static size_t panel_carve(char *base, int64_t P, int64_t N, int64_t K, float **x
   return c.used;
 }
 
+/* Groups of partial runs, first fit over the last few groups (a shard has a handful of partial runs:
+ * its ends, a zigzag chunk's ends). Positions in use are bits of a P-bit mask per group. */
+#define GROUP_LOOKBACK 8
+#define MASK_WORDS (PANEL_MAX_ROWS / 64)
+
+static int mask_free(const uint64_t *m, int64_t a, int64_t b) {
+  for (int64_t p = a; p < b; p++)
+    if (m[p / 64] >> (p % 64) & 1) return 0;
+  return 1;
+}
+
+static void mask_set(uint64_t *m, int64_t a, int64_t b) {
+  for (int64_t p = a; p < b; p++) m[p / 64] |= (uint64_t)1 << (p % 64);
+}
+
+/* Fills calls (full runs first, then the groups) and order; returns the number of calls. */
+static int64_t plan_calls(const int64_t *glob, const int64_t *start, int64_t runs, int64_t P, proj_call *calls,
+                          int64_t *order, uint64_t (*mask)[MASK_WORDS], int64_t *group_of) {
+  int64_t nc = 0, ng = 0, no = 0;
+  for (int64_t r = 0; r < runs; r++)
+    if (start[r + 1] - start[r] == P) order[no] = r, calls[nc++] = (proj_call){no++, 1};
+  const int64_t first_group = nc;
+  for (int64_t r = 0; r < runs; r++) {
+    if (start[r + 1] - start[r] == P) continue;
+    const int64_t a = glob[start[r]] % P, b = a + start[r + 1] - start[r];
+    int64_t g = ng;
+    for (int64_t h = ng > GROUP_LOOKBACK ? ng - GROUP_LOOKBACK : 0; h < ng && g == ng; h++)
+      if (mask_free(mask[h], a, b)) g = h;
+    if (g == ng) memset(mask[ng++], 0, sizeof mask[0]);
+    mask_set(mask[g], a, b);
+    group_of[r] = g;
+  }
+  /* order the partial runs by group (stable: runs keep their order inside a group) */
+  for (int64_t g = 0; g < ng; g++) {
+    calls[first_group + g] = (proj_call){no, 0};
+    for (int64_t r = 0; r < runs; r++)
+      if (start[r + 1] - start[r] != P && group_of[r] == g) order[no++] = r, calls[first_group + g].count++;
+  }
+  return first_group + ng;
+}
+
 dsv4_status dsv4_proj_rows(float *Y, int64_t ldy, const float *X, int64_t ldx, const float *W,
                            int64_t n, int64_t N, int64_t K, const int64_t *glob, int64_t P,
                            dsv4_impl impl) {
+  return dsv4_proj_rows_map(Y, ldy, NULL, X, ldx, W, n, N, K, glob, P, impl);
+}
+
+dsv4_status dsv4_proj_rows_map(float *Y, int64_t ldy, const int64_t *yrow, const float *X, int64_t ldx,
+                               const float *W, int64_t n, int64_t N, int64_t K, const int64_t *glob, int64_t P,
+                               dsv4_impl impl) {
   dsv4_status rc = DSV4_OK;
-  int64_t *start = NULL;
+  int64_t *start = NULL, *order = NULL, *group_of = NULL;
+  proj_call *calls = NULL;
+  uint64_t (*mask)[MASK_WORDS] = NULL;
   dsv4_workspace ws = {0};
   if (impl == DSV4_IMPL_NAIVE) {
-    dsv4_gemm_nt_ref(n, N, K, 1.0f, X, ldx, W, K, 0.0f, Y, ldy);
+    if (!yrow) dsv4_gemm_nt_ref(n, N, K, 1.0f, X, ldx, W, K, 0.0f, Y, ldy);
+    for (int64_t i = 0; yrow && i < n; i++)
+      dsv4_gemm_nt_ref(1, N, K, 1.0f, X + i * ldx, ldx, W, K, 0.0f, Y + yrow[i] * ldy, ldy);
     return DSV4_OK;
   }
-  /* Cut the rows into panel runs: a run ends at a global panel boundary or a gap in glob. */
+  DSV4_CHECK(P >= 1 && P <= PANEL_MAX_ROWS, DSV4_ERR_ARG, "projection: panel of %lld rows (1 .. %d)", (long long)P,
+             PANEL_MAX_ROWS);
+  /* Cut the rows into panel runs: a run ends at a global panel boundary, a gap in glob or (mapped
+   * output rows) a jump in yrow. */
   DSV4_ALLOC(start, n + 2);
   int64_t runs = 0;
   for (int64_t i = 0; i < n; i++)
-    if (i == 0 || glob[i] != glob[i - 1] + 1 || glob[i] % P == 0) start[runs++] = i;
+    if (i == 0 || glob[i] != glob[i - 1] + 1 || glob[i] % P == 0 || (yrow && yrow[i] != yrow[i - 1] + 1))
+      start[runs++] = i;
   start[runs] = n;
-  /* One single-threaded BLAS call per panel, panels spread over the threads: a row's bits then
+  DSV4_ALLOC(order, runs + 1);
+  DSV4_ALLOC(group_of, runs + 1);
+  DSV4_ALLOC(calls, runs + 1);
+  DSV4_ALLOC(mask, runs + 1);
+  const int64_t ncalls = plan_calls(glob, start, runs, P, calls, order, mask, group_of);
+  /* One single-threaded BLAS call per panel, calls spread over the threads: a row's bits then
    * depend neither on its position nor on the thread count (OpenBLAS's own threading splits a call
    * into thread-count-dependent sub-blocks). */
-  /* partial panels (a run shorter than P) go through a zero-padded copy of P rows */
   const int nt = dsv4_nthreads();
   int partial = 0;
   for (int64_t r = 0; r < runs; r++) partial |= start[r + 1] - start[r] < P;
@@ -121,12 +196,16 @@ dsv4_status dsv4_proj_rows(float *Y, int64_t ldy, const float *X, int64_t ldx, c
     xs = ys = NULL;
     if (partial) panel_carve(dsv4_ws_thread(&ws), P, N, K, &xs, &ys);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t r = 0; r < runs; r++)
-      proj_panel(Y, ldy, X, ldx, W, N, K, glob, P, start[r], start[r + 1], xs, ys);
+    for (int64_t c = 0; c < ncalls; c++)
+      proj_call_run(Y, ldy, yrow, X, ldx, W, N, K, glob, P, start, order, &calls[c], xs, ys);
   }
 fail:
   dsv4_ws_free(&ws);
   free(start);
+  free(order);
+  free(group_of);
+  free(calls);
+  free(mask);
   return rc;
 }
 

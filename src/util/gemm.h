@@ -40,6 +40,13 @@ dsv4_status dsv4_proj_rows(float *Y, int64_t ldy, const float *X, int64_t ldx, c
                            int64_t n, int64_t N, int64_t K, const int64_t *glob, int64_t P,
                            dsv4_impl impl);
 
+/* The same with output row yrow[i] for local row i (NULL: i), so that rows bound for several
+ * places (a layout's segments) are computed together: partial panels of different segments then
+ * share calls. */
+dsv4_status dsv4_proj_rows_map(float *Y, int64_t ldy, const int64_t *yrow, const float *X, int64_t ldx,
+                               const float *W, int64_t n, int64_t N, int64_t K, const int64_t *glob, int64_t P,
+                               dsv4_impl impl);
+
 /* dsv4_blas_probe_invariance is public (dsv4cp.h). */
 
 #endif

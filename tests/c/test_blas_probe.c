@@ -48,6 +48,50 @@ static void panels(void) {
   free(X), free(W), free(Y), free(Y2), free(R);
 }
 
+/* Rows of several partial panels share one call when their positions in their panels do not overlap
+ * (util/gemm.c): every shard shape below gives the whole stream's bits. */
+static void panel_groups(void) {
+  enum { N = 24, K = 40, T = 1024 };
+  const int64_t P = dsv4_panel_rows(T);
+  float *X = malloc(sizeof(float) * T * K), *W = malloc(sizeof(float) * N * K);
+  float *Y = malloc(sizeof(float) * T * N), *Xs = malloc(sizeof(float) * T * K), *Ys = malloc(sizeof(float) * T * N);
+  int64_t glob[T], gs[T];
+  tu_fill(X, T * K, 5, 1.0f);
+  tu_fill(W, N * K, 6, 1.0f);
+  for (int i = 0; i < T; i++) glob[i] = i;
+  tu_ok(dsv4_proj_rows(Y, N, X, K, W, T, N, K, glob, P, DSV4_IMPL_FAST), "proj_rows whole stream");
+  static const struct { const char *what; int64_t seg[4][2]; } cases[] = {
+    {"zigzag rank 0 of 2 (two half panels at complementary positions)", {{0, 256}, {768, 1024}}},
+    {"zigzag rank 1 of 2", {{256, 512}, {512, 768}}},
+    {"a contiguous shard of 3 (its two ends share a call)", {{341, 682}}},
+    {"overlapping positions (two calls)", {{100, 200}, {600, 700}}},
+    {"four short segments", {{3, 9}, {500, 530}, {530, 541}, {900, 1000}}},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    int64_t n = 0;
+    for (int s = 0; s < 4; s++)
+      for (int64_t g = cases[c].seg[s][0]; g < cases[c].seg[s][1]; g++) gs[n] = g, memcpy(Xs + n++ * K, X + g * K, sizeof(float) * K);
+    tu_ok(dsv4_proj_rows(Ys, N, Xs, K, W, n, N, K, gs, P, DSV4_IMPL_FAST), "proj_rows shard");
+    int same = 1;
+    for (int64_t i = 0; i < n; i++) same &= !memcmp(Ys + i * N, Y + gs[i] * N, sizeof(float) * N);
+    tu_check(same, "proj_rows: %s: %lld rows bitwise the whole stream's", cases[c].what, (long long)n);
+    /* the same rows written elsewhere: each segment 7 rows further than the last (proj_rows_map), and
+     * every row to its own place in reverse order (every run one row long) */
+    int64_t yrow[T], m = 0, rev[T];
+    for (int s = 0; s < 4; s++)
+      for (int64_t g = cases[c].seg[s][0]; g < cases[c].seg[s][1]; g++) { yrow[m] = m + 7 * s; m++; }
+    for (int64_t i = 0; i < n; i++) rev[i] = n - 1 - i;
+    float *Ym = calloc((size_t)(n + 28) * N, sizeof(float));
+    tu_ok(dsv4_proj_rows_map(Ym, N, yrow, Xs, K, W, n, N, K, gs, P, DSV4_IMPL_FAST), "proj_rows_map");
+    for (int64_t i = 0; i < n; i++) same &= !memcmp(Ym + yrow[i] * N, Y + gs[i] * N, sizeof(float) * N);
+    tu_ok(dsv4_proj_rows_map(Ym, N, rev, Xs, K, W, n, N, K, gs, P, DSV4_IMPL_FAST), "proj_rows_map reversed");
+    for (int64_t i = 0; i < n; i++) same &= !memcmp(Ym + rev[i] * N, Y + gs[i] * N, sizeof(float) * N);
+    tu_check(same, "proj_rows_map: %s: mapped and reversed output rows bitwise the whole stream's", cases[c].what);
+    free(Ym);
+  }
+  free(X), free(W), free(Y), free(Xs), free(Ys);
+}
+
 static void probe(void) {
   printf("note: BLAS rows independent at a fixed position: %s\n", dsv4_blas_probe_invariance() ? "yes" : "no");
 }
@@ -55,6 +99,7 @@ static void probe(void) {
 static const tu_test TESTS[] = {
   {"blas", "wrappers-match-reference", wrappers_match_reference},
   {"blas", "panels", panels},
+  {"blas", "panel-groups", panel_groups},
   {"blas", "probe", probe},
 };
 
