@@ -39,7 +39,8 @@ static dsv4_status connect_sums(dsv4_core *c) {
                  "layer order", L, j);
   } else {
     DSV4_CHECK(e->reader[L] && !e->done[L], DSV4_ERR_STATE, "layer %d backward: %s", L,
-               e->done[L] ? "it already ran (or was skipped) for this forward pass" : "no training forward in this pass");
+               e->done[L] ? "it already ran (or was skipped) for this forward pass"
+                          : "no training forward in this pass");
   }
   DSV4_TRY(dsv4_shared_kv_sums(e));
   st->d_cmp = e->d_cmp, st->d_KI = e->d_KI;

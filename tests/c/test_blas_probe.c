@@ -70,7 +70,10 @@ static void panel_groups(void) {
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     int64_t n = 0;
     for (int s = 0; s < 4; s++)
-      for (int64_t g = cases[c].seg[s][0]; g < cases[c].seg[s][1]; g++) gs[n] = g, memcpy(Xs + n++ * K, X + g * K, sizeof(float) * K);
+      for (int64_t g = cases[c].seg[s][0]; g < cases[c].seg[s][1]; g++) {
+        gs[n] = g;
+        memcpy(Xs + n++ * K, X + g * K, sizeof(float) * K);
+      }
     tu_ok(dsv4_proj_rows(Ys, N, Xs, K, W, n, N, K, gs, P, DSV4_IMPL_FAST), "proj_rows shard");
     int same = 1;
     for (int64_t i = 0; i < n; i++) same &= !memcmp(Ys + i * N, Y + gs[i] * N, sizeof(float) * N);
