@@ -36,26 +36,20 @@ static compressor_ids ids_of(const dsv4_stage_env *e, int which) {
 static int gated(const dsv4_stage_env *e) { return !e->cfg->v41 || e->p->key.ratio > 1; }
 
 /* Y rows of every segment (at its own rows of C/Z_ext) = X rows . W^T in the global panels, all
- * segments in one call so that their partial panels (a zigzag chunk's ends) share BLAS calls. */
+ * segments in one call so that their partial panels (a zigzag chunk's ends) share BLAS calls. The
+ * segments tile the local rows in order (dsv4_layout_build: seg.lo is the rows before it). */
 static dsv4_status proj_segments(const dsv4_stage_env *e, float *Y, int64_t ldy, const float *X, const float *W,
                                  int64_t N) {
   dsv4_status rc = DSV4_OK;
   const dsv4_layout *lay = &e->p->lay;
   const int64_t K = e->cfg->dim;
-  int64_t n = 0, *yrow = NULL;
-  for (int s = 0; s < lay->n_seg; s++) n = lay->seg[s].lo == n ? n + lay->seg[s].len : -1;
-  if (n < 0) { /* segments that do not tile the local rows in order: one call each */
-    for (int s = 0; s < lay->n_seg; s++) {
-      const dsv4_seg *sg = &lay->seg[s];
-      DSV4_TRY(dsv4_proj_rows(Y + (sg->c_row + sg->c_halo) * ldy, ldy, X + sg->lo * K, K, W, sg->len, N, K,
-                              e->p->global + sg->lo, e->p->panel, e->impl));
-    }
-    return DSV4_OK;
+  int64_t *yrow = NULL;
+  DSV4_ALLOC(yrow, lay->n + 1);
+  for (int s = 0; s < lay->n_seg; s++) {
+    const dsv4_seg *sg = &lay->seg[s];
+    for (int64_t i = 0; i < sg->len; i++) yrow[sg->lo + i] = sg->c_row + sg->c_halo + i;
   }
-  DSV4_ALLOC(yrow, n + 1);
-  for (int s = 0; s < lay->n_seg; s++)
-    for (int64_t i = 0; i < lay->seg[s].len; i++) yrow[lay->seg[s].lo + i] = lay->seg[s].c_row + lay->seg[s].c_halo + i;
-  DSV4_TRY(dsv4_proj_rows_map(Y, ldy, yrow, X, K, W, n, N, K, e->p->global, e->p->panel, e->impl));
+  DSV4_TRY(dsv4_proj_rows_map(Y, ldy, yrow, X, K, W, lay->n, N, K, e->p->global, e->p->panel, e->impl));
 fail:
   free(yrow);
   return rc;

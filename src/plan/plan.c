@@ -9,6 +9,19 @@
 #include "util/err.h"
 #include "util/gemm.h"
 
+/* k's own copies of n_docs + 1 cu_seqlens and (when given) n_docs seqlens_real entries. */
+static dsv4_status copy_docs(dsv4_plan_key *k, const int32_t *cu, const int32_t *real) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_ALLOC(k->cu, k->n_docs + 1);
+  memcpy(k->cu, cu, sizeof(int32_t) * (size_t)(k->n_docs + 1));
+  if (real) {
+    DSV4_ALLOC(k->real, k->n_docs);
+    memcpy(k->real, real, sizeof(int32_t) * (size_t)k->n_docs);
+  }
+fail:
+  return rc;
+}
+
 dsv4_status dsv4_plan_key_set(dsv4_plan_key *k, const dsv4_packing *pk, int64_t n_local, int ratio, int window,
                               dsv4_split split, int rank, int size) {
   dsv4_status rc = DSV4_OK;
@@ -32,13 +45,8 @@ dsv4_status dsv4_plan_key_set(dsv4_plan_key *k, const dsv4_packing *pk, int64_t 
     DSV4_CHECK(pk->n_docs >= 1 && pk->n_docs <= pk->T, DSV4_ERR_ARG,
                "cu_seqlens must describe 1 .. T = %lld documents (n_docs = %d)", (long long)pk->T, pk->n_docs);
     k->n_docs = pk->n_docs;
-    DSV4_ALLOC(k->cu, k->n_docs + 1);
-    memcpy(k->cu, pk->cu_seqlens, sizeof(int32_t) * (size_t)(k->n_docs + 1));
-    if (pk->seqlens_real) {
-      k->has_real = 1;
-      DSV4_ALLOC(k->real, k->n_docs);
-      memcpy(k->real, pk->seqlens_real, sizeof(int32_t) * (size_t)k->n_docs);
-    }
+    k->has_real = pk->seqlens_real != NULL;
+    DSV4_TRY(copy_docs(k, pk->cu_seqlens, pk->seqlens_real));
   }
   return DSV4_OK;
 fail:
@@ -50,14 +58,7 @@ dsv4_status dsv4_plan_key_copy(dsv4_plan_key *dst, const dsv4_plan_key *src) {
   dsv4_status rc = DSV4_OK;
   *dst = *src;
   dst->cu = dst->real = NULL;
-  if (src->cu) {
-    DSV4_ALLOC(dst->cu, src->n_docs + 1);
-    memcpy(dst->cu, src->cu, sizeof(int32_t) * (size_t)(src->n_docs + 1));
-  }
-  if (src->real) {
-    DSV4_ALLOC(dst->real, src->n_docs);
-    memcpy(dst->real, src->real, sizeof(int32_t) * (size_t)src->n_docs);
-  }
+  if (src->cu) DSV4_TRY(copy_docs(dst, src->cu, src->real));
   return DSV4_OK;
 fail:
   dsv4_plan_key_free(dst);
