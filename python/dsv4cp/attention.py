@@ -187,7 +187,7 @@ class Shared:
         """A reader's backward: it is no longer pending. A kv source's: autograd runs every reader
         whose outputs reach the loss before it, so the readers still pending never will; tell the
         library they contribute nothing (else it would wait for them and refuse the backward)."""
-        if not attn._full:
+        if attn._reader:
             self._pending.get(attn.kv_source, set()).discard(attn.layer)
             return
         for j in sorted(self._pending.pop(attn.layer, set())):
@@ -214,7 +214,7 @@ class _LayerFunction(torch.autograd.Function):
     def backward(ctx, dout, _dtopk, dloss, _dtoken):
         attn = ctx.attn
         x = ctx.saved_tensors[0]
-        if ctx.shared is not None and attn.kv_source >= 0:
+        if ctx.shared is not None and (attn._full or attn._reader):
             ctx.shared._before_backward(attn)
         dx, grads = attn._backward_c(ctx.generation, ctx.meta, x, dout, dloss)
         return (None, None, None, dx, None) + tuple(grads)
@@ -295,6 +295,7 @@ class Attention(torch.nn.Module):
         self.role, self.selects = ROLE_NAMES[info.role], bool(info.selects)
         self.kv_source = info.kv_source
         self._full = info.role == ROLE_FULL and bool(cfg.v41)
+        self._reader = bool(cfg.v41) and 0 <= info.kv_source != layer   # reads another layer's kv
         self.dim, self.index_topk = cfg.dim, cfg.index_topk
         self._params, self._views = [], []
         for name, ptr, shape, numel in _weights_tensors(self._weights):
@@ -498,12 +499,12 @@ class Attention(torch.nn.Module):
         xc = x.to(torch.float32).contiguous()   # no copy when already contiguous fp32
         if train:
             token_in = None
-            if shared is not None and not self._full and self.kv_source >= 0:
+            if shared is not None and self._reader:
                 token_in = shared.tokens.get(self.kv_source)   # absent: the library names the missing source
             out, topk, loss, token = _LayerFunction.apply(self, meta, shared, xc, token_in, *self._params)
             if shared is not None and self._full:
                 shared.tokens[self.layer] = token
-            elif shared is not None and self.kv_source >= 0:
+            elif shared is not None and self._reader:
                 shared._pending.setdefault(self.kv_source, set()).add(self.layer)
         else:
             with torch.no_grad():
