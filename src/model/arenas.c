@@ -189,6 +189,8 @@ size_t dsv4_layer_scratch_bytes(const dsv4_dims *dm) {
 }
 
 size_t dsv4_kernel_scratch_bytes(const dsv4_dims *m, int threads) {
-  const size_t nt = threads > 1 ? (size_t)threads : 1;
-  return (nt - 1) * F(m->R_kv * m->D + m->n_cmp * m->D + m->H);
+  const size_t nt = threads > 1 ? (size_t)threads : 1, x = 2 * sizeof(int64_t);
+  const size_t attn = x * (size_t)(m->R_kv * m->D + m->n_cmp * m->D + m->H);
+  const size_t kl = m->selects ? x * (size_t)(m->n_cmp * m->Di) : 0;
+  return nt * (attn > kl ? attn : kl);
 }

@@ -118,8 +118,9 @@ size_t dsv4_carve_layer_bwd(char *base, const dsv4_dims *dm, dsv4_layer_bwd_scra
 size_t dsv4_core_scratch_bytes(const dsv4_dims *dm);
 size_t dsv4_layer_scratch_bytes(const dsv4_dims *dm);
 
-/* Per-call kernel workspace at the peak (the attention backward's private key gradients of threads
- * 1.. threads-1), which the kernels allocate themselves. */
+/* Per-call kernel workspace at the peak, which the kernels allocate themselves: the exact key-gradient
+ * sums of every thread (util/xrows.h, 16 bytes per element) of the attention backward (window rows,
+ * compressed rows, sinks) or of the KL loss (indexer keys), whichever is larger. */
 size_t dsv4_kernel_scratch_bytes(const dsv4_dims *dm, int threads);
 
 #endif

@@ -208,14 +208,15 @@ fail:
 
 /* The output projection's backward for rows [i0, i0 + m) (steps 9 and 8): weight gradients of wo_b
  * and wo_a, and d o [m, H, D] (written into dop) for the core. */
-static void output_backward(dsv4_layer *l, dsv4_weights *grads, const float *dout, const float *o,
-                            const dsv4_layer_bwd_scratch *bs, int64_t i0, int64_t m) {
+static dsv4_status output_backward(dsv4_layer *l, dsv4_weights *grads, const float *dout, const float *o,
+                                   const dsv4_layer_bwd_scratch *bs, int64_t i0, int64_t m) {
+  dsv4_status rc = DSV4_OK;
   const dsv4_config *cf = &l->cfg;
   const int64_t d = cf->dim, H = cf->n_heads, D = cf->head_dim, G = cf->o_groups, Ro = cf->o_lora_rank;
   const int64_t HGD = (H / G) * D;
   const dsv4_weights *w = l->w;
-  const dsv4_kernels *K = dsv4_kernels_get(l->impl);
   const dsv4_plan *p = l->plan;
+  const int64_t *glob = p->global + i0, P = p->panel;
   float *g = bs->g, *du = bs->du, *dop = bs->dop;
   /* padding rows have no output, so their dout is ignored */
   for (int64_t i = 0; i < m; i++) {
@@ -223,8 +224,8 @@ static void output_backward(dsv4_layer *l, dsv4_weights *grads, const float *dou
     else memset(g + i * d, 0, sizeof(float) * (size_t)d);
   }
   /* out = wo_b u;  u_g = wo_a[g] op_g */
-  K->gemm_tn(d, G * Ro, m, 1.0f, g, d, l->sv.u + i0 * G * Ro, G * Ro, 1.0f, dsv4_w(grads, W_WO_B), G * Ro);
-  K->gemm_nn(m, G * Ro, d, 1.0f, g, d, dsv4_w(w, W_WO_B), G * Ro, 0.0f, du, G * Ro);
+  dsv4_wgrad_tn(d, G * Ro, m, g, d, l->sv.u + i0 * G * Ro, G * Ro, dsv4_w(grads, W_WO_B), G * Ro, l->impl);
+  DSV4_TRY(dsv4_rows_nn(du, G * Ro, g, d, dsv4_w(w, W_WO_B), G * Ro, m, G * Ro, d, glob, P, 0, l->impl));
   /* dop holds the rotated output op group by group; each group's columns serve dW first and are
    * then overwritten by that group's d op */
   for (int64_t gi = 0; gi < G; gi++) {
@@ -236,13 +237,16 @@ static void output_backward(dsv4_layer *l, dsv4_weights *grads, const float *dou
         memcpy(v, o + (i * H + gi * (H / G) + h) * D, sizeof(float) * (size_t)D);
         dsv4_rope_apply(&p->rope, v, (int)D, p->pos[i0 + i], 1);
       }
-    K->gemm_tn(Ro, HGD, m, 1.0f, du + gi * Ro, G * Ro, x, H * D, 1.0f, dsv4_w(grads, W_WO_A) + gi * Ro * HGD, HGD);
-    K->gemm_nn(m, HGD, Ro, 1.0f, du + gi * Ro, G * Ro, dsv4_w(w, W_WO_A) + gi * Ro * HGD, HGD, 0.0f, x, H * D);
+    dsv4_wgrad_tn(Ro, HGD, m, du + gi * Ro, G * Ro, x, H * D, dsv4_w(grads, W_WO_A) + gi * Ro * HGD, HGD, l->impl);
+    DSV4_TRY(dsv4_rows_nn(x, H * D, du + gi * Ro, G * Ro, dsv4_w(w, W_WO_A) + gi * Ro * HGD, HGD, m, HGD, Ro, glob, P,
+                          0, l->impl));
   }
   /* op = RoPE_{-p}(o)  ->  d o = RoPE_{+p}(d op) */
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m; i++)
     for (int64_t h = 0; h < H; h++) dsv4_rope_apply(&p->rope, dop + (i * H + h) * D, (int)D, p->pos[i0 + i], 0);
+fail:
+  return rc;
 }
 
 /* The query path's backward for rows [i0, i0 + m), from dq (the core's, over dop): q = RoPE(s b)
@@ -252,13 +256,14 @@ static void output_backward(dsv4_layer *l, dsv4_weights *grads, const float *dou
  *   db = s RoPE^T(dq - (dq . q / D) q)   -- one dot, one update, one inverse rotation.
  * (V4.1: no norm, db = RoPE^T(dq).) Then b = wq_b qr, qr = RMSNorm_{q_norm}(a), a = wq_a x: weight
  * gradients and dx rows. */
-static void query_backward(dsv4_layer *l, dsv4_weights *grads, float *dq_, const float *q, const float *sb,
-                           float *dqr, float *dx, int64_t i0, int64_t m) {
+static dsv4_status query_backward(dsv4_layer *l, dsv4_weights *grads, float *dq_, const float *q, const float *sb,
+                                  float *dqr, float *dx, int64_t i0, int64_t m) {
+  dsv4_status rc = DSV4_OK;
   const dsv4_config *cf = &l->cfg;
   const int64_t d = cf->dim, H = cf->n_heads, D = cf->head_dim, dq = cf->q_lora_rank;
   const dsv4_weights *w = l->w;
-  const dsv4_kernels *K = dsv4_kernels_get(l->impl);
   const dsv4_plan *p = l->plan;
+  const int64_t *glob = p->global + i0, P = p->panel;
   const int head_norm = l->dm.head_norm;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m; i++)
@@ -271,14 +276,16 @@ static void query_backward(dsv4_layer *l, dsv4_weights *grads, float *dq_, const
       }
       dsv4_rope_apply(&p->rope, dh, (int)D, p->pos[i0 + i], 1);
     }
-  K->gemm_tn(H * D, dq, m, 1.0f, dq_, H * D, l->sv.qr + i0 * dq, dq, 1.0f, dsv4_w(grads, W_WQ_B), dq);
-  K->gemm_nn(m, dq, H * D, 1.0f, dq_, H * D, dsv4_w(w, W_WQ_B), dq, 0.0f, dqr, dq);
+  dsv4_wgrad_tn(H * D, dq, m, dq_, H * D, l->sv.qr + i0 * dq, dq, dsv4_w(grads, W_WQ_B), dq, l->impl);
+  DSV4_TRY(dsv4_rows_nn(dqr, dq, dq_, H * D, dsv4_w(w, W_WQ_B), dq, m, dq, H * D, glob, P, 0, l->impl));
   float *dqn = dsv4_w(grads, W_Q_NORM);
   for (int64_t i = 0; i < m; i++) /* serial: accumulates into d q_norm */
     dsv4_rmsnorm_bwd_row(dqr + i * dq, dqn, dqr + i * dq, l->sv.a + (i0 + i) * dq, dsv4_w(w, W_Q_NORM),
                          l->sv.sa[i0 + i], (int)dq);
-  K->gemm_tn(dq, d, m, 1.0f, dqr, dq, l->x + i0 * d, d, 1.0f, dsv4_w(grads, W_WQ_A), d);
-  K->gemm_nn(m, d, dq, 1.0f, dqr, dq, dsv4_w(w, W_WQ_A), d, 1.0f, dx + i0 * d, d);
+  dsv4_wgrad_tn(dq, d, m, dqr, dq, l->x + i0 * d, d, dsv4_w(grads, W_WQ_A), d, l->impl);
+  DSV4_TRY(dsv4_rows_nn(dx + i0 * d, d, dqr, dq, dsv4_w(w, W_WQ_A), d, m, d, dq, glob, P, 1, l->impl));
+fail:
+  return rc;
 }
 
 static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, const float *dout, float d_loss) {
@@ -286,7 +293,6 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
   const dsv4_config *cf = &l->cfg;
   const int64_t d = cf->dim, H = cf->n_heads, D = cf->head_dim;
   const dsv4_weights *w = l->w;
-  const dsv4_kernels *K = dsv4_kernels_get(l->impl);
   dsv4_core *core = l->core;
   dsv4_layer_bwd_scratch bs;
   DSV4_CHECK(l->valid, DSV4_ERR_STATE, "layer backward called without a training forward (train = 1)");
@@ -307,10 +313,10 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
       DSV4_TRY(queries(l, bs.q, bs.sb, i0, m));
       DSV4_TRY(dsv4_core_bwd_recompute(core, i0, m, bs.q, bs.o));
     }
-    output_backward(l, grads, dout, o, &bs, i0, m);
+    DSV4_TRY(output_backward(l, grads, dout, o, &bs, i0, m));
     /* the core writes dq over d o, query by query (allowed: dq may alias d_o) */
     DSV4_TRY(dsv4_core_bwd_rows(core, i0, m, q, o, bs.dop, bs.dop));
-    query_backward(l, grads, bs.dop, q, sb, bs.dqr, dx, i0, m);
+    DSV4_TRY(query_backward(l, grads, bs.dop, q, sb, bs.dqr, dx, i0, m));
   }
   /* kv = RoPE(RMSNorm_{kv_norm}(c)), c = wkv x: once every query (and other ranks' halos) added to dkv */
   float *dkv = bs.dkv;
@@ -320,8 +326,8 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
   float *dkvn = dsv4_w(grads, W_KV_NORM);
   for (int64_t i = 0; i < n; i++) /* serial: accumulates into d kv_norm */
     dsv4_rmsnorm_bwd_row(dkv + i * D, dkvn, dkv + i * D, l->sv.c + i * D, dsv4_w(w, W_KV_NORM), l->sv.sc[i], (int)D);
-  K->gemm_tn(D, d, n, 1.0f, dkv, D, l->x, d, 1.0f, dsv4_w(grads, W_WKV), d);
-  K->gemm_nn(n, d, D, 1.0f, dkv, D, dsv4_w(w, W_WKV), d, 1.0f, dx, d);
+  dsv4_wgrad_tn(D, d, n, dkv, D, l->x, d, dsv4_w(grads, W_WKV), d, l->impl);
+  DSV4_TRY(dsv4_rows_nn(dx, d, dkv, D, dsv4_w(w, W_WKV), d, n, d, D, p->global, p->panel, 1, l->impl));
   for (int64_t i = 0; i < n; i++)
     if (!p->real[i]) memset(dx + i * d, 0, sizeof(float) * (size_t)d);
 fail:

@@ -54,7 +54,6 @@ dsv4_status dsv4_select_topk(const dsv4_stage_env *e, int64_t i0, int64_t n, con
 dsv4_status dsv4_select_queries_bwd(const dsv4_stage_env *e, int64_t i0, int64_t n, float *d_qI, float *d_w,
                                     const float *qr, const float *x, dsv4_weights *grads) {
   const dsv4_plan *p = e->p;
-  const dsv4_kernels *K = dsv4_kernels_get(e->impl);
   const int Hi = e->cfg->index_n_heads, Di = e->cfg->index_head_dim, d = e->cfg->dim, dq = e->cfg->q_lora_rank;
   const float wscale = (float)(1.0 / sqrt((double)Di * Hi));
 #pragma omp parallel for schedule(static)
@@ -62,8 +61,7 @@ dsv4_status dsv4_select_queries_bwd(const dsv4_stage_env *e, int64_t i0, int64_t
     for (int h = 0; h < Hi; h++) d_w[i * Hi + h] *= wscale;
     for (int h = 0; h < Hi; h++) dsv4_rope_apply(&p->rope, d_qI + (i * Hi + h) * Di, Di, p->pos[i0 + i], 1);
   }
-  K->gemm_tn(Hi, d, n, 1.0f, d_w, Hi, x + i0 * d, d, 1.0f, dsv4_w(grads, W_I_PROJ), d);
-  K->gemm_tn((int64_t)Hi * Di, dq, n, 1.0f, d_qI, (int64_t)Hi * Di, qr + i0 * dq, dq, 1.0f, dsv4_w(grads, W_I_WQ_B),
-             dq);
+  dsv4_wgrad_tn(Hi, d, n, d_w, Hi, x + i0 * d, d, dsv4_w(grads, W_I_PROJ), d, e->impl);
+  dsv4_wgrad_tn((int64_t)Hi * Di, dq, n, d_qI, (int64_t)Hi * Di, qr + i0 * dq, dq, dsv4_w(grads, W_I_WQ_B), dq, e->impl);
   return DSV4_OK;
 }

@@ -174,12 +174,15 @@ dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const float
     const dsv4_seg *sg = &lay->seg[s];
     const int64_t row = sg->c_row + sg->c_halo;
     const float *xs = x + sg->lo * d;
-    K->gemm_tn(cD, d, sg->len, 1.0f, dC + row * cD, cD, xs, d, 1.0f, dsv4_w(grads, id.wkv), d);
-    if (gate) K->gemm_tn(cD, d, sg->len, 1.0f, dZ + row * cD, cD, xs, d, 1.0f, dsv4_w(grads, id.wgate), d);
+    dsv4_wgrad_tn(cD, d, sg->len, dC + row * cD, cD, xs, d, dsv4_w(grads, id.wkv), d, e->impl);
+    if (gate) dsv4_wgrad_tn(cD, d, sg->len, dZ + row * cD, cD, xs, d, dsv4_w(grads, id.wgate), d, e->impl);
     if (dx) {
-      K->gemm_nn(sg->len, d, cD, 1.0f, dC + row * cD, cD, dsv4_w(e->w, id.wkv), d, 1.0f, dx + sg->lo * d, d);
+      const int64_t *glob = e->p->global + sg->lo, P = e->p->panel;
+      DSV4_TRY(dsv4_rows_nn(dx + sg->lo * d, d, dC + row * cD, cD, dsv4_w(e->w, id.wkv), d, sg->len, d, cD, glob, P, 1,
+                            e->impl));
       if (gate)
-        K->gemm_nn(sg->len, d, cD, 1.0f, dZ + row * cD, cD, dsv4_w(e->w, id.wgate), d, 1.0f, dx + sg->lo * d, d);
+        DSV4_TRY(dsv4_rows_nn(dx + sg->lo * d, d, dZ + row * cD, cD, dsv4_w(e->w, id.wgate), d, sg->len, d, cD, glob,
+                              P, 1, e->impl));
     }
   }
 fail:
@@ -194,7 +197,6 @@ dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const float *d_KI, con
   dsv4_status rc = DSV4_OK;
   const dsv4_plan *p = e->p;
   const dsv4_layout *lay = &p->lay;
-  const dsv4_kernels *K = dsv4_kernels_get(e->impl);
   const int D = e->cfg->head_dim, Di = e->cfg->index_head_dim;
   const float *knorm = dsv4_w(e->w, W_I_KNORM);
   float *d_knorm = dsv4_w(grads, W_I_KNORM);
@@ -208,8 +210,8 @@ dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const float *d_KI, con
   for (int s = 0; s < lay->n_seg; s++) {
     const dsv4_seg *sg = &lay->seg[s];
     if (sg->n_own)
-      K->gemm_tn(Di, D, sg->n_own, 1.0f, d_blk + sg->blk0 * Di, Di, latent + sg->blk0 * D, D, 1.0f,
-                 dsv4_w(grads, W_I_WK), D);
+      dsv4_wgrad_tn(Di, D, sg->n_own, d_blk + sg->blk0 * Di, Di, latent + sg->blk0 * D, D, dsv4_w(grads, W_I_WK), D,
+                    e->impl);
   }
 fail:
   return rc;

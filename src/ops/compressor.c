@@ -10,6 +10,7 @@
 #include "util/err.h"
 #include "util/par.h"
 #include "util/workspace.h"
+#include "util/xrows.h"
 
 #define MAX_ROWS (2 * 128)
 
@@ -19,10 +20,11 @@ typedef struct {
   int32_t row[MAX_ROWS], t[MAX_ROWS], off[MAX_ROWS];
 } slot_rows;
 
-/* Per-thread scratch: the slot's rows and per-channel m, den, pooled, d pooled ([D] each). */
+/* Per-thread scratch: the slot's rows and per-channel m, den, pooled, d pooled, and the backward's
+ * per-slot terms of d norm_w and of one d ape row ([D] each). */
 typedef struct {
   slot_rows *sr;
-  float *m, *den, *pooled, *dp;
+  float *m, *den, *pooled, *dp, *dn, *da;
 } pool_scratch;
 
 static size_t pool_carve(char *base, int D, pool_scratch *s) {
@@ -32,6 +34,8 @@ static size_t pool_carve(char *base, int D, pool_scratch *s) {
   s->den = dsv4_carve(&c, sizeof(float) * (size_t)D);
   s->pooled = dsv4_carve(&c, sizeof(float) * (size_t)D);
   s->dp = dsv4_carve(&c, sizeof(float) * (size_t)D);
+  s->dn = dsv4_carve(&c, sizeof(float) * (size_t)D);
+  s->da = dsv4_carve(&c, sizeof(float) * (size_t)D);
   return c.used;
 }
 
@@ -142,27 +146,32 @@ fail:
 /* Backward of one slot, recomputing the forward pooling:
  *   dp = RMSNorm backward of RoPE^T(d_out)  (gives d pooled, and d norm_w);
  *   pooled[e] = sum_i a_i v_i, a = softmax(l):  dv_i = a_i dp[e],  dl_i = a_i dp[e] (v_i - pooled[e]);
- *   dl_i goes to both Z[row] and ape[t] (logit = Z + ape). */
+ *   dl_i goes to both Z[row] and ape[t] (logit = Z + ape).
+ * dC and dZ rows belong to one slot each (a row shared by two slots of the overlapping r = 4
+ * compressor is split by channel offset), so plain adds are exact there. d ape and d norm_w are sums
+ * over slots, which the threads share out: exact per-thread accumulators (util/xrows.h), so they
+ * do not depend on the thread count. */
 dsv4_status dsv4_compress_bwd(const dsv4_compress_bwd_args *b) {
   dsv4_status rc = DSV4_OK;
   const dsv4_compress_args *a = &b->fwd;
   const int D = a->D, r = a->ratio, cD = (r == 4 ? 2 : 1) * D;
-  const size_t n_ape = a->ape ? (size_t)r * cD : 0;
-  float *priv = NULL;
+  dsv4_xrows xa = {0}, xn = {0};
   dsv4_workspace ws = {0};
   DSV4_TRY(dsv4_compress_check(a));
   DSV4_CHECK(b->dC && (b->dZ || !a->Z) && (b->d_ape || !a->ape) && b->d_norm_w && b->d_out, DSV4_ERR_ARG,
              "compressor backward: a gradient pointer is NULL");
   const int nt = dsv4_nthreads();
-  DSV4_ALLOC(priv, (size_t)nt * (n_ape + D));
+  /* d ape [r, cD] as r cD / D rows of D: row t cD / D + off / D */
+  DSV4_TRY(dsv4_xrows_alloc(&xa, 0, a->ape ? (int64_t)r * cD / D : 0, D, nt, "compressor backward"));
+  DSV4_TRY(dsv4_xrows_alloc(&xn, 0, 1, D, nt, "compressor backward"));
   pool_scratch sc;
   DSV4_TRY(dsv4_ws_alloc(&ws, pool_carve(NULL, D, &sc), nt, "compressor backward"));
-#pragma omp parallel num_threads(nt) private(sc)
+  int bad = 0;
+#pragma omp parallel num_threads(nt) private(sc) reduction(| : bad)
   {
     dsv4_blas_serial();
     pool_carve(dsv4_ws_thread(&ws), D, &sc);
-    float *dape = priv + (size_t)dsv4_thread_id() * (n_ape + D), *dnorm = dape + n_ape;
-    float *m = sc.m, *den = sc.den, *pooled = sc.pooled, *dp = sc.dp;
+    float *m = sc.m, *den = sc.den, *pooled = sc.pooled, *dp = sc.dp, *dn = sc.dn, *da = sc.da;
     slot_rows *sr = sc.sr;
 #pragma omp for schedule(static)
     for (int64_t s = 0; s < a->n_slots; s++) {
@@ -170,7 +179,9 @@ dsv4_status dsv4_compress_bwd(const dsv4_compress_bwd_args *b) {
       pool_slot(a, sr, pooled, m, den);
       memcpy(dp, b->d_out + dsv4_compress_out_row(a, s) * D, sizeof(float) * D);
       dsv4_rope_apply(a->rope, dp, D, a->pos[s], 1);
-      dsv4_rmsnorm_bwd_row(dp, dnorm, dp, pooled, a->norm_w, dsv4_rms_inv(pooled, D, a->eps), D);
+      memset(dn, 0, sizeof(float) * D);
+      dsv4_rmsnorm_bwd_row(dp, dn, dp, pooled, a->norm_w, dsv4_rms_inv(pooled, D, a->eps), D);
+      bad |= dsv4_xrows_add(&xn, 0, dn, 1);
       if (!a->Z) { /* the slot is its row: dC = d pooled */
         float *dC = b->dC + (int64_t)sr->row[0] * cD + sr->off[0];
         for (int e = 0; e < D; e++) dC[e] += dp[e];
@@ -180,25 +191,25 @@ dsv4_status dsv4_compress_bwd(const dsv4_compress_bwd_args *b) {
         const int64_t o = (int64_t)sr->row[i] * cD + sr->off[i];
         const int64_t oa = (int64_t)sr->t[i] * cD + sr->off[i];
         const float *z = a->Z + o, *c = a->C + o, *ap = a->ape ? a->ape + oa : NULL;
-        float *dC = b->dC + o, *dZ = b->dZ + o, *da = a->ape ? dape + oa : NULL;
+        float *dC = b->dC + o, *dZ = b->dZ + o;
         for (int e = 0; e < D; e++) {
           float w = expf(logit(a, z, ap, e) - m[e]) / den[e];
           float dv = w * dp[e];
           float dl = dv * (c[e] - pooled[e]);
           dC[e] += dv;
           dZ[e] += dl;
-          if (da) da[e] += dl;
+          da[e] = dl;
         }
+        if (a->ape) bad |= dsv4_xrows_add(&xa, oa / D, da, 1);
       }
     }
   }
-  for (int t = 0; t < nt; t++) {
-    const float *p = priv + (size_t)t * (n_ape + D);
-    for (size_t i = 0; i < n_ape; i++) b->d_ape[i] += p[i];
-    for (int e = 0; e < D; e++) b->d_norm_w[e] += p[n_ape + e];
-  }
+  xa.bad = xn.bad = bad;
+  if (a->ape) DSV4_TRY(dsv4_xrows_finish(&xa, b->d_ape, "compressor backward"));
+  DSV4_TRY(dsv4_xrows_finish(&xn, b->d_norm_w, "compressor backward"));
 fail:
   dsv4_ws_free(&ws);
-  free(priv);
+  dsv4_xrows_free(&xa);
+  dsv4_xrows_free(&xn);
   return rc;
 }

@@ -10,6 +10,7 @@
 #include "util/par.h"
 #include "util/reduce.h"
 #include "util/workspace.h"
+#include "util/xrows.h"
 
 /* Per-thread scratch: one query's n <= nmax selected rows (ids, gathered main and indexer keys,
  * the indexer keys' gradients), logits Z [H, n] and SI [Hi, n], teacher t [n], student I [n]. */
@@ -47,10 +48,11 @@ static void student_logits(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *
   dsv4_gemm_nt(Hi, n, Di, 1.0f, a->q_idx + p * Hi * Di, Di, s->Ki, Di, 0.0f, s->SI, n);
 }
 
-/* One query: returns its loss term and writes its gradients. d_k_idx is this thread's accumulator.
+/* One query: returns its loss term and writes its gradients; its k_idx gradient rows go into the
+ * exact accumulator xk (NULL: not wanted) and *bad is set by a term out of its range.
  * The teacher and the student scores come from the caller when given (sparse mode), else from
  * products here; the gradient needs the per-head student logits (ReLU mask), recomputed here. */
-static double one_query(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s, float *d_k_idx) {
+static double one_query(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s, dsv4_xrows *xk, int *bad) {
   const int H = a->H, D = a->D, Hi = a->Hi, Di = a->Di;
   const int given = !a->dense;
   int have_si = 0;
@@ -81,7 +83,7 @@ static double one_query(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s, 
   const double lse = m + log(dsv4_sum(s->dKi, n));
   for (int j = 0; j < n; j++)
     if (s->t[j] > 0) loss += s->t[j] * (log(s->t[j]) - (s->I[j] - lse));
-  if (!a->d_q_idx && !a->d_weights && !d_k_idx) return loss;
+  if (!a->d_q_idx && !a->d_weights && !xk) return loss;
   /* dI_j = grad_scale (s_j - t_j);  d w_h = sum_j dI_j ReLU(SI_hj);  G_hj = dI_j w_h [SI_hj > 0] */
   if (!have_si) student_logits(a, p, n, s);
   float *dI = s->I;
@@ -95,21 +97,19 @@ static double one_query(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s, 
     if (a->d_weights) a->d_weights[p * Hi + h] = dw;
   }
   if (a->d_q_idx) dsv4_gemm_nn(Hi, Di, n, 1.0f, s->SI, n, s->Ki, Di, 0.0f, a->d_q_idx + p * Hi * Di, Di);
-  if (d_k_idx) {
+  if (xk) {
     dsv4_gemm_tn(n, Di, Hi, 1.0f, s->SI, n, a->q_idx + p * Hi * Di, Di, 0.0f, s->dKi, Di);
-    for (int j = 0; j < n; j++) {
-      float *dst = d_k_idx + (int64_t)s->rows[j] * Di;
-      const float *src = s->dKi + (int64_t)j * Di;
-      for (int e = 0; e < Di; e++) dst[e] += src[e];
-    }
+    for (int j = 0; j < n; j++) *bad |= dsv4_xrows_add(xk, s->rows[j], s->dKi + (int64_t)j * Di, 1);
   }
   return loss;
 }
 
+/* d_k_idx rows are sums over queries: exact per-thread accumulators (util/xrows.h), so they do not
+ * depend on the thread count. */
 dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
   dsv4_status rc = DSV4_OK;
   double *terms = NULL;
-  float *priv = NULL;
+  dsv4_xrows xk = {0};
   dsv4_workspace ws = {0};
   DSV4_TRY(dsv4_kl_check(a));
   const int Hi = a->Hi, Di = a->Di;
@@ -120,17 +120,16 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
   }
   const int nt = dsv4_team(a->threads);
   DSV4_ALLOC(terms, a->S1 + 1);
-  if (a->d_k_idx) DSV4_ALLOC(priv, (nt - 1) * a->C * Di + 1);
+  if (a->d_k_idx) DSV4_TRY(dsv4_xrows_alloc(&xk, 0, a->C, Di, nt, "indexer_kl_loss"));
   kl_scratch sc;
   DSV4_TRY(dsv4_ws_alloc(&ws, kl_carve(NULL, a, nmax, &sc), nt, "indexer_kl_loss"));
   int64_t valid = 0;
-#pragma omp parallel num_threads(nt) reduction(+ : valid) private(sc)
+  int bad = 0;
+#pragma omp parallel num_threads(nt) reduction(+ : valid) reduction(| : bad) private(sc)
   {
     dsv4_blas_serial();
-    const int tid = dsv4_thread_id();
-    float *dk = !a->d_k_idx ? NULL : tid ? priv + (tid - 1) * a->C * Di : a->d_k_idx;
     kl_carve(dsv4_ws_thread(&ws), a, nmax, &sc);
-#pragma omp for schedule(static, 8) /* fixed assignment: per-thread gradient sums are reproducible */
+#pragma omp for schedule(dynamic, 8)
     for (int64_t p = 0; p < a->S1; p++) {
       terms[p] = 0;
       const int n = dsv4_kl_rows(a, p, sc.rows);
@@ -140,12 +139,11 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
         continue;
       }
       valid++;
-      terms[p] = one_query(a, p, n, &sc, dk);
+      terms[p] = one_query(a, p, n, &sc, a->d_k_idx ? &xk : NULL, &bad);
     }
   }
-  if (a->d_k_idx)
-    for (int t = 1; t < nt; t++)
-      for (int64_t i = 0; i < a->C * Di; i++) a->d_k_idx[i] += priv[(t - 1) * a->C * Di + i];
+  xk.bad = bad;
+  if (a->d_k_idx) DSV4_TRY(dsv4_xrows_finish(&xk, a->d_k_idx, "indexer_kl_loss"));
   double total = 0;
   for (int64_t p = 0; p < a->S1; p++) total += terms[p];
   if (a->loss_rows) memcpy(a->loss_rows, terms, sizeof(double) * (size_t)a->S1);
@@ -154,6 +152,6 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
 fail:
   dsv4_ws_free(&ws);
   free(terms);
-  free(priv);
+  dsv4_xrows_free(&xk);
   return rc;
 }

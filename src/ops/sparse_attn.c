@@ -17,6 +17,7 @@
 #include "util/par.h"
 #include "util/reduce.h"
 #include "util/workspace.h"
+#include "util/xrows.h"
 
 /* Per-thread scratch of the window phase: scores of one query against its window. */
 static size_t win_carve(char *base, int H, int64_t nwmax, float **S) {
@@ -49,9 +50,11 @@ static size_t fwd_carve(char *base, const dsv4_attn_args *a, int64_t ncmax, fwd_
 /* Per-thread scratch of the backward. */
 typedef struct {
   float *SP;      /* [2H, max keys] dS and P of one block */
-  float *Kc, *dKc;/* [max cmp, D] gathered compressed keys and their gradients */
+  float *Kc;      /* [max cmp, D] gathered compressed keys */
+  float *dKc;     /* [max keys, D] one block's key gradients */
   float *QO;      /* [2H, D] q and dO stacked */
   float *delta;   /* [H] */
+  float *tsink;   /* [H] one query's sink gradient terms */
   int32_t *rows;  /* [max cmp] */
 } bwd_scratch;
 
@@ -60,9 +63,10 @@ static size_t bwd_carve(char *base, const dsv4_attn_args *a, int64_t nmax, int64
   const size_t H = (size_t)a->H, D = (size_t)a->D;
   s->SP = dsv4_carve(&c, sizeof(float) * 2 * H * (size_t)nmax);
   s->Kc = dsv4_carve(&c, sizeof(float) * ((size_t)ncmax * D + 1));
-  s->dKc = dsv4_carve(&c, sizeof(float) * ((size_t)ncmax * D + 1));
+  s->dKc = dsv4_carve(&c, sizeof(float) * ((size_t)nmax * D + 1));
   s->QO = dsv4_carve(&c, sizeof(float) * 2 * H * D);
   s->delta = dsv4_carve(&c, sizeof(float) * H);
+  s->tsink = dsv4_carve(&c, sizeof(float) * H);
   s->rows = dsv4_carve(&c, sizeof(int32_t) * (size_t)(ncmax + 1));
   return c.used;
 }
@@ -221,10 +225,9 @@ fail:
  * QO is [q; dO] stacked [2H, D] and SP the scratch [dS; P] stacked [2H, n], so dK is ONE product
  * with inner dimension 2H (128 at V4-Flash sizes) instead of two with H: half the output passes.
  * S_fwd: the forward's scaled logits of this block (dsv4_attn_args.scores_out), or NULL.
- * dK receives the key gradients (beta 0: overwrite, 1: accumulate). */
+ * dK [n, D] receives this query's key gradients (overwritten; the caller adds them exactly). */
 static void bwd_block(const dsv4_attn_args *a, const float *QO, const float *lse, const float *delta,
-                      const float *K, int n, const float *S_fwd, float *SP, float *dq, int first, float *dK,
-                      float beta) {
+                      const float *K, int n, const float *S_fwd, float *SP, float *dq, int first, float *dK) {
   const int H = a->H, D = a->D;
   float *dS = SP, *P = SP + (int64_t)H * n;
   /* the forward's logits when it kept them: the same product of the same values, so the same bits */
@@ -239,34 +242,41 @@ static void bwd_block(const dsv4_attn_args *a, const float *QO, const float *lse
     }
   }
   dsv4_gemm_nn(H, D, n, 1.0f, dS, n, K, D, first ? 0.0f : 1.0f, dq, D);
-  dsv4_gemm_tn(n, D, 2 * H, 1.0f, SP, n, QO, D, beta, dK, D);
+  dsv4_gemm_tn(n, D, 2 * H, 1.0f, SP, n, QO, D, 0.0f, dK, D);
 }
 
+/* Key gradients are sums over queries, which the threads share out: each thread adds its queries'
+ * terms into its own exact accumulator (util/xrows.h), merged after the loop, so d_ori_kv, d_cmp_kv
+ * and d_sink are the same bits for every thread count and every split of the queries into calls
+ * that add the same terms. Window rows are accumulated only over the range the queries touch. */
 dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
   dsv4_status rc = DSV4_OK;
   const dsv4_attn_args *a = &b->fwd;
-  float *priv = NULL;
   dsv4_workspace ws = {0};
+  dsv4_xrows xo = {0}, xc = {0}, xs = {0};
   DSV4_TRY(dsv4_attn_bwd_check(b));
   const int H = a->H, D = a->D;
   const int64_t ncmax = dsv4_attn_max_cmp(a), nmax = (max_win(a) > ncmax ? max_win(a) : ncmax) + 1;
   const int64_t C = a->cmp_kv ? a->C : 0;
   const int nt = dsv4_team(a->threads);
-  /* Threads other than 0 accumulate key gradients privately; summed in thread order at the end. */
-  const int64_t priv_n = a->R * D + C * D + H;
-  DSV4_ALLOC(priv, (nt - 1) * priv_n + 1);
+  int64_t w_lo = a->R, w_hi = 0;
+  for (int64_t p = 0; p < a->S1; p++)
+    if (a->win_len[p] > 0) {
+      w_lo = a->win_start[p] < w_lo ? a->win_start[p] : w_lo;
+      w_hi = a->win_start[p] + a->win_len[p] > w_hi ? a->win_start[p] + a->win_len[p] : w_hi;
+    }
+  DSV4_TRY(dsv4_xrows_alloc(&xo, w_lo, w_hi - w_lo, D, nt, "sparse_attn backward"));
+  DSV4_TRY(dsv4_xrows_alloc(&xc, 0, C, D, nt, "sparse_attn backward"));
+  DSV4_TRY(dsv4_xrows_alloc(&xs, 0, 1, H, nt, "sparse_attn backward"));
   bwd_scratch sc;
   DSV4_TRY(dsv4_ws_alloc(&ws, bwd_carve(NULL, a, nmax, ncmax, &sc), nt, "sparse_attn backward"));
-#pragma omp parallel num_threads(nt) private(sc)
+  int bad = 0;
+#pragma omp parallel num_threads(nt) private(sc) reduction(| : bad)
   {
     dsv4_blas_serial();
-    const int tid = dsv4_thread_id();
-    float *d_ori = tid ? priv + (tid - 1) * priv_n : b->d_ori_kv;
-    float *d_cmp = tid ? d_ori + a->R * D : b->d_cmp_kv;
-    float *d_sink = tid ? d_ori + a->R * D + C * D : b->d_sink;
     bwd_carve(dsv4_ws_thread(&ws), a, nmax, ncmax, &sc);
-    float *Kc = sc.Kc, *dKc = sc.dKc, *QO = sc.QO, *delta = sc.delta;
-#pragma omp for schedule(static, 8) /* fixed assignment: per-thread gradient sums are reproducible */
+    float *Kc = sc.Kc, *dK = sc.dKc, *QO = sc.QO, *delta = sc.delta, *tsink = sc.tsink;
+#pragma omp for schedule(dynamic, 8)
     for (int64_t p = 0; p < a->S1; p++) {
       const float *q = a->q + p * H * D, *dO = b->dout + p * H * D, *O = b->out + p * H * D;
       const float *lse = b->lse + p * H;
@@ -279,36 +289,33 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
       for (int h = 0; h < H; h++) {
         const float s = dsv4_dot(dO + (int64_t)h * D, O + (int64_t)h * D, D);
         delta[h] = s;
-        d_sink[h] -= dsv4_exp_neg(a->sink[h] - lse[h]) * s;
+        tsink[h] = -(dsv4_exp_neg(a->sink[h] - lse[h]) * s);
       }
+      bad |= dsv4_xrows_add(&xs, 0, tsink, 1);
       memcpy(QO, q, sizeof(float) * H * D);
       memcpy(QO + H * D, dO, sizeof(float) * H * D);
       const int64_t ws0 = a->win_start[p];
       const float *S_w = b->scores ? b->scores + p * a->score_stride : NULL, *S_c = S_w ? S_w + (int64_t)H * nw : NULL;
-      bwd_block(a, QO, lse, delta, a->ori_kv + ws0 * D, nw, S_w, sc.SP, dq, 1, d_ori + ws0 * D, 1.0f);
+      bwd_block(a, QO, lse, delta, a->ori_kv + ws0 * D, nw, S_w, sc.SP, dq, 1, dK);
+      bad |= dsv4_xrows_add(&xo, ws0, dK, nw);
       int nc;
       const float *K = cmp_keys(a, p, sc.rows, Kc, &nc);
       if (nc == 0) continue;
-      if (a->cmp_ids) {
-        bwd_block(a, QO, lse, delta, K, nc, S_c, sc.SP, dq, 0, dKc, 0.0f);
-        for (int j = 0; j < nc; j++) {
-          float *dst = d_cmp + (int64_t)sc.rows[j] * D;
-          const float *src = dKc + (int64_t)j * D;
-          for (int e = 0; e < D; e++) dst[e] += src[e];
-        }
-      } else {
-        bwd_block(a, QO, lse, delta, K, nc, S_c, sc.SP, dq, 0, d_cmp + (int64_t)sc.rows[0] * D, 1.0f);
-      }
+      bwd_block(a, QO, lse, delta, K, nc, S_c, sc.SP, dq, 0, dK);
+      if (a->cmp_ids)
+        for (int j = 0; j < nc; j++) bad |= dsv4_xrows_add(&xc, sc.rows[j], dK + (int64_t)j * D, 1);
+      else
+        bad |= dsv4_xrows_add(&xc, sc.rows[0], dK, nc);
     }
   }
-  for (int t = 1; t < nt; t++) {
-    const float *p = priv + (t - 1) * priv_n;
-    for (int64_t i = 0; i < a->R * D; i++) b->d_ori_kv[i] += p[i];
-    for (int64_t i = 0; i < C * D; i++) b->d_cmp_kv[i] += p[a->R * D + i];
-    for (int h = 0; h < H; h++) b->d_sink[h] += p[a->R * D + C * D + h];
-  }
+  xo.bad = xc.bad = xs.bad = bad;
+  DSV4_TRY(dsv4_xrows_finish(&xo, b->d_ori_kv + w_lo * D, "sparse_attn backward"));
+  if (C) DSV4_TRY(dsv4_xrows_finish(&xc, b->d_cmp_kv, "sparse_attn backward"));
+  DSV4_TRY(dsv4_xrows_finish(&xs, b->d_sink, "sparse_attn backward"));
 fail:
   dsv4_ws_free(&ws);
-  free(priv);
+  dsv4_xrows_free(&xo);
+  dsv4_xrows_free(&xc);
+  dsv4_xrows_free(&xs);
   return rc;
 }

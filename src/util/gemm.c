@@ -80,22 +80,53 @@ typedef struct {
 /* Output row of local row r (yrow NULL: r itself). */
 static inline int64_t out_row(const int64_t *yrow, int64_t r) { return yrow ? yrow[r] : r; }
 
-static void proj_call_run(float *Y, int64_t ldy, const int64_t *yrow, const float *X, int64_t ldx, const float *W,
-                          int64_t N, int64_t K, const int64_t *glob, int64_t P, const int64_t *start,
+/* The product of a panel call: Y = X W^T (nt: W is [N, K], a Linear weight) or Y = X W (W is
+ * [K, N], the backward's dx = dY W), overwriting (beta 0) or added to Y (beta 1). An added panel
+ * always goes through the scratch rows and is added there, full or partial, so that a row's bits
+ * never depend on whether its panel was full on this rank (BLAS's own beta = 1 would fold the old
+ * value into its K blocking). */
+typedef struct {
+  float *Y;
+  int64_t ldy;
+  const int64_t *yrow;
+  const float *X, *W;
+  int64_t ldx, ldw, N, K;
+  int nt, beta;
+} proj_op;
+
+static void panel_gemm(const proj_op *o, int64_t P, const float *X, int64_t ldx, float *Y, int64_t ldy) {
+  if (o->nt) dsv4_gemm_nt(P, o->N, o->K, 1.0f, X, ldx, o->W, o->ldw, 0.0f, Y, ldy);
+  else dsv4_gemm_nn(P, o->N, o->K, 1.0f, X, ldx, o->W, o->ldw, 0.0f, Y, ldy);
+}
+
+static void put_row(const proj_op *o, int64_t r, const float *src) {
+  float *dst = o->Y + out_row(o->yrow, r) * o->ldy;
+  if (!o->beta) {
+    memcpy(dst, src, sizeof(float) * (size_t)o->N);
+    return;
+  }
+  for (int64_t j = 0; j < o->N; j++) dst[j] += src[j];
+}
+
+static void proj_call_run(const proj_op *o, const int64_t *glob, int64_t P, const int64_t *start,
                           const int64_t *order, const proj_call *c, float *xs, float *ys) {
-  const int64_t r0 = order[c->first];
-  if (c->count == 1 && start[r0 + 1] - start[r0] == P) { /* a run's output rows are consecutive */
-    dsv4_gemm_nt(P, N, K, 1.0f, X + start[r0] * ldx, ldx, W, K, 0.0f, Y + out_row(yrow, start[r0]) * ldy, ldy);
+  const int64_t r0 = order[c->first], K = o->K;
+  if (c->count == 1 && start[r0 + 1] - start[r0] == P) { /* a full panel: X rows in place */
+    if (!o->beta) {
+      panel_gemm(o, P, o->X + start[r0] * o->ldx, o->ldx, o->Y + out_row(o->yrow, start[r0]) * o->ldy, o->ldy);
+      return;
+    }
+    panel_gemm(o, P, o->X + start[r0] * o->ldx, o->ldx, ys, o->N);
+    for (int64_t r = start[r0]; r < start[r0 + 1]; r++) put_row(o, r, ys + (glob[r] % P) * o->N);
     return;
   }
   memset(xs, 0, sizeof(float) * (size_t)(P * K));
   for (int64_t q = c->first; q < c->first + c->count; q++)
     for (int64_t r = start[order[q]]; r < start[order[q] + 1]; r++)
-      memcpy(xs + (glob[r] % P) * K, X + r * ldx, sizeof(float) * (size_t)K);
-  dsv4_gemm_nt(P, N, K, 1.0f, xs, K, W, K, 0.0f, ys, N);
+      memcpy(xs + (glob[r] % P) * K, o->X + r * o->ldx, sizeof(float) * (size_t)K);
+  panel_gemm(o, P, xs, K, ys, o->N);
   for (int64_t q = c->first; q < c->first + c->count; q++)
-    for (int64_t r = start[order[q]]; r < start[order[q] + 1]; r++)
-      memcpy(Y + out_row(yrow, r) * ldy, ys + (glob[r] % P) * N, sizeof(float) * (size_t)N);
+    for (int64_t r = start[order[q]]; r < start[order[q] + 1]; r++) put_row(o, r, ys + (glob[r] % P) * o->N);
 }
 
 /* Per-thread scratch of a partial panel: P rows of X (zero-padded) and of Y. */
@@ -153,20 +184,13 @@ dsv4_status dsv4_proj_rows(float *Y, int64_t ldy, const float *X, int64_t ldx, c
   return dsv4_proj_rows_map(Y, ldy, NULL, X, ldx, W, n, N, K, glob, P, impl);
 }
 
-dsv4_status dsv4_proj_rows_map(float *Y, int64_t ldy, const int64_t *yrow, const float *X, int64_t ldx,
-                               const float *W, int64_t n, int64_t N, int64_t K, const int64_t *glob, int64_t P,
-                               dsv4_impl impl) {
+static dsv4_status panel_rows(const proj_op *o, int64_t n, const int64_t *glob, int64_t P) {
   dsv4_status rc = DSV4_OK;
   int64_t *start = NULL, *order = NULL, *group_of = NULL;
   proj_call *calls = NULL;
   uint64_t (*mask)[MASK_WORDS] = NULL;
   dsv4_workspace ws = {0};
-  if (impl == DSV4_IMPL_NAIVE) {
-    if (!yrow) dsv4_gemm_nt_ref(n, N, K, 1.0f, X, ldx, W, K, 0.0f, Y, ldy);
-    for (int64_t i = 0; yrow && i < n; i++)
-      dsv4_gemm_nt_ref(1, N, K, 1.0f, X + i * ldx, ldx, W, K, 0.0f, Y + yrow[i] * ldy, ldy);
-    return DSV4_OK;
-  }
+  const int64_t *yrow = o->yrow;
   DSV4_CHECK(P >= 1 && P <= PANEL_MAX_ROWS, DSV4_ERR_ARG, "projection: panel of %lld rows (1 .. %d)", (long long)P,
              PANEL_MAX_ROWS);
   /* Cut the rows into panel runs: a run ends at a global panel boundary, a gap in glob or (mapped
@@ -186,18 +210,17 @@ dsv4_status dsv4_proj_rows_map(float *Y, int64_t ldy, const int64_t *yrow, const
    * depend neither on its position nor on the thread count (OpenBLAS's own threading splits a call
    * into thread-count-dependent sub-blocks). */
   const int nt = dsv4_nthreads();
-  int partial = 0;
-  for (int64_t r = 0; r < runs; r++) partial |= start[r + 1] - start[r] < P;
+  int scratch = o->beta;
+  for (int64_t r = 0; r < runs; r++) scratch |= start[r + 1] - start[r] < P;
   float *xs = NULL, *ys = NULL;
-  DSV4_TRY(dsv4_ws_alloc(&ws, partial ? panel_carve(NULL, P, N, K, &xs, &ys) : 0, nt, "projection"));
+  DSV4_TRY(dsv4_ws_alloc(&ws, scratch ? panel_carve(NULL, P, o->N, o->K, &xs, &ys) : 0, nt, "projection"));
 #pragma omp parallel num_threads(nt) private(xs, ys)
   {
     dsv4_blas_serial();
     xs = ys = NULL;
-    if (partial) panel_carve(dsv4_ws_thread(&ws), P, N, K, &xs, &ys);
+    if (scratch) panel_carve(dsv4_ws_thread(&ws), P, o->N, o->K, &xs, &ys);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t c = 0; c < ncalls; c++)
-      proj_call_run(Y, ldy, yrow, X, ldx, W, N, K, glob, P, start, order, &calls[c], xs, ys);
+    for (int64_t c = 0; c < ncalls; c++) proj_call_run(o, glob, P, start, order, &calls[c], xs, ys);
   }
 fail:
   dsv4_ws_free(&ws);
@@ -207,6 +230,58 @@ fail:
   free(calls);
   free(mask);
   return rc;
+}
+
+dsv4_status dsv4_proj_rows_map(float *Y, int64_t ldy, const int64_t *yrow, const float *X, int64_t ldx,
+                               const float *W, int64_t n, int64_t N, int64_t K, const int64_t *glob, int64_t P,
+                               dsv4_impl impl) {
+  if (impl == DSV4_IMPL_NAIVE) {
+    if (!yrow) dsv4_gemm_nt_ref(n, N, K, 1.0f, X, ldx, W, K, 0.0f, Y, ldy);
+    for (int64_t i = 0; yrow && i < n; i++)
+      dsv4_gemm_nt_ref(1, N, K, 1.0f, X + i * ldx, ldx, W, K, 0.0f, Y + yrow[i] * ldy, ldy);
+    return DSV4_OK;
+  }
+  const proj_op o = {.Y = Y, .ldy = ldy, .yrow = yrow, .X = X, .W = W, .ldx = ldx, .ldw = K, .N = N, .K = K, .nt = 1};
+  return panel_rows(&o, n, glob, P);
+}
+
+dsv4_status dsv4_rows_nn(float *Y, int64_t ldy, const float *X, int64_t ldx, const float *W, int64_t ldw, int64_t n,
+                         int64_t N, int64_t K, const int64_t *glob, int64_t P, int beta, dsv4_impl impl) {
+  if (n <= 0 || N <= 0) return DSV4_OK;
+  if (impl == DSV4_IMPL_NAIVE) {
+    dsv4_gemm_nn_ref(n, N, K, 1.0f, X, ldx, W, ldw, beta ? 1.0f : 0.0f, Y, ldy);
+    return DSV4_OK;
+  }
+  const proj_op o = {.Y = Y, .ldy = ldy, .X = X, .W = W, .ldx = ldx, .ldw = ldw, .N = N, .K = K, .beta = beta != 0};
+  return panel_rows(&o, n, glob, P);
+}
+
+/* Blocks of a weight gradient: the longer side of C cut into a number of blocks that only the
+ * shape decides: at least 2048 wide (each block re-packs the other operand, ~1 copy per 2 x width
+ * FLOPs: under 1% of the block's time at 2048) and at most 8 (enough to keep a few threads busy). */
+#define WGRAD_MIN_BLOCK 2048
+#define WGRAD_MAX_BLOCKS 8
+
+void dsv4_wgrad_tn(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
+                   float *C, int64_t ldc, dsv4_impl impl) {
+  if (M <= 0 || N <= 0 || K <= 0) return;
+  if (impl == DSV4_IMPL_NAIVE) {
+    dsv4_gemm_tn_ref(M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
+    return;
+  }
+  const int by_rows = M >= N;
+  const int64_t L = by_rows ? M : N;
+  int64_t nb = L / WGRAD_MIN_BLOCK;
+  nb = nb < 1 ? 1 : nb > WGRAD_MAX_BLOCKS ? WGRAD_MAX_BLOCKS : nb;
+  const int64_t bs = (L + nb - 1) / nb;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(dsv4_nthreads())
+  for (int64_t b = 0; b < nb; b++) {
+    dsv4_blas_serial();
+    const int64_t lo = b * bs, len = lo + bs < L ? bs : L - lo;
+    if (len <= 0) continue;
+    if (by_rows) dsv4_gemm_tn(len, N, K, 1.0f, A + lo, lda, B, ldb, 1.0f, C + lo * ldc, ldc);
+    else dsv4_gemm_tn(M, len, K, 1.0f, A, lda, B + lo, ldb, 1.0f, C + lo, ldc);
+  }
 }
 
 int dsv4_blas_probe_invariance(void) {

@@ -1,0 +1,47 @@
+/* xrows.h: per-thread exact accumulators of gradient rows (util/xacc.h), for an operator whose
+ * threads add terms into shared rows (key gradients summed over queries, norm-weight gradients
+ * summed over tokens). Each thread adds into its own copy; the copies are merged with integer
+ * adds, so the result does not depend on how many threads there were or which took which query.
+ *
+ *     dsv4_xrows x;
+ *     DSV4_TRY(dsv4_xrows_alloc(&x, r0, rows, w, nt, "my kernel"));
+ *     #pragma omp parallel num_threads(nt)
+ *     { ... bad |= dsv4_xrows_add(&x, row, terms, n_rows); ... }   (then x.bad |= bad, atomically)
+ *     DSV4_TRY(dsv4_xrows_finish(&x, out, "my kernel"));   (out[row - r0] += exact sum; frees)
+ */
+#ifndef DSV4_XROWS_H
+#define DSV4_XROWS_H
+
+#include <stdint.h>
+
+#include "dsv4cp.h"
+#include "util/par.h"
+#include "util/xacc.h"
+
+typedef struct {
+  int64_t *base;     /* nt copies of rows x 2 w int64 */
+  int64_t r0, rows;  /* the rows [r0, r0 + rows) this accumulator covers */
+  int64_t w;         /* row width (floats) */
+  int nt;
+  int bad;           /* some term was non-finite or too large (set by the threads) */
+} dsv4_xrows;
+
+/* Zeroed copies (calloc: pages are touched first by the thread that adds into them). */
+dsv4_status dsv4_xrows_alloc(dsv4_xrows *x, int64_t r0, int64_t rows, int64_t w, int nt, const char *what);
+
+/* Rows [row, row + n) += t [n, w] (contiguous) on the calling thread's copy; nonzero: a bad term. */
+static inline int dsv4_xrows_add(dsv4_xrows *x, int64_t row, const float *t, int64_t n) {
+  const int64_t w = x->w;
+  int64_t *acc = x->base + ((size_t)dsv4_thread_id() * (size_t)x->rows + (size_t)(row - x->r0)) * 2 * (size_t)w;
+  int bad = 0;
+  for (int64_t i = 0; i < n; i++, acc += 2 * w, t += w) bad |= dsv4_xacc_add(acc, acc + w, t, w);
+  return bad;
+}
+
+/* Merges the copies, adds each row's exact sum into out (row r of the accumulator to
+ * out + (r - r0) * w), frees; an error naming `what` if a term was bad. */
+dsv4_status dsv4_xrows_finish(dsv4_xrows *x, float *out, const char *what);
+
+void dsv4_xrows_free(dsv4_xrows *x);
+
+#endif

@@ -1,0 +1,169 @@
+/* test_xacc.c: the exact gradient sums (src/util/xacc.h, xrows.h) and the backward's products that
+ * make gradients independent of the thread count (src/util/gemm.h: dsv4_rows_nn, dsv4_wgrad_tn). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+#include "util/gemm.h"
+#include "util/par.h"
+#include "util/xrows.h"
+
+enum { NT = 4000 };
+
+/* Terms over 20 orders of magnitude, both signs, with heavy cancellation. */
+static void terms(float *t, int n) {
+  uint32_t s = 99;
+  for (int i = 0; i < n; i++) {
+    s = s * 1664525u + 1013904223u;
+    const float m = (float)(s >> 8) / (1 << 24) - 0.5f;
+    s = s * 1664525u + 1013904223u;
+    t[i] = ldexpf(m, (int)(s >> 27) - 24); /* 2^-25 .. 2^6 */
+    if (i % 7 == 0) t[i] = 3e5f * m;        /* and some large ones */
+  }
+}
+
+static float sum_in_order(const float *t, const int *order, int n) {
+  int64_t hi = 0, lo = 0;
+  int bad = 0;
+  for (int i = 0; i < n; i++) bad |= dsv4_xacc_add(&hi, &lo, &t[order[i]], 1);
+  tu_check(!bad, "xacc: %d terms in range", n);
+  return dsv4_xacc_value(hi, lo);
+}
+
+/* Forward, reverse, a shuffled order and two halves merged give the same bits; the value is the
+ * double sum rounded (to a float's accuracy). */
+static void order_independent(void) {
+  float *t = malloc(sizeof(float) * NT);
+  int *ord = malloc(sizeof(int) * NT);
+  terms(t, NT);
+  double ref = 0;
+  for (int i = 0; i < NT; i++) ref += t[i], ord[i] = i;
+  const float fwd = sum_in_order(t, ord, NT);
+  for (int i = 0; i < NT; i++) ord[i] = NT - 1 - i;
+  const float rev = sum_in_order(t, ord, NT);
+  uint32_t s = 7;
+  for (int i = NT - 1; i > 0; i--) {
+    s = s * 1664525u + 1013904223u;
+    const int j = (int)(s % (uint32_t)(i + 1)), k = ord[i];
+    ord[i] = ord[j], ord[j] = k;
+  }
+  const float shuf = sum_in_order(t, ord, NT);
+  int64_t h1 = 0, l1 = 0, h2 = 0, l2 = 0;
+  for (int i = 0; i < NT; i++) dsv4_xacc_add(i % 3 ? &h1 : &h2, i % 3 ? &l1 : &l2, &t[i], 1);
+  dsv4_xacc_merge(&h1, &l1, &h2, &l2, 1);
+  const float merged = dsv4_xacc_value(h1, l1);
+  tu_check(!memcmp(&fwd, &rev, 4) && !memcmp(&fwd, &shuf, 4) && !memcmp(&fwd, &merged, 4),
+           "xacc: forward %.9g, reverse %.9g, shuffled %.9g, two parts merged %.9g: the same bits", fwd, rev, shuf,
+           merged);
+  tu_check(fabs(fwd - ref) <= 1e-6 * fabs(ref) + 1e-12, "xacc: the exact sum %.9g is the double sum %.9g rounded", fwd,
+           ref);
+  /* plain float sums of the same terms in the two orders do differ (what the exact sums are for) */
+  float a = 0, b = 0;
+  for (int i = 0; i < NT; i++) a += t[i], b += t[NT - 1 - i];
+  printf("note: float sums forward %.9g, reverse %.9g\n", a, b);
+  free(t), free(ord);
+}
+
+/* Terms out of range are refused (never added silently): NaN, infinities, |t| >= 2^24. */
+static void refuses_bad_terms(void) {
+  static const float bad[] = {NAN, INFINITY, -INFINITY, 0x1p24f, -0x1p24f, 1e30f};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int64_t hi = 0, lo = 0;
+    const int r = dsv4_xacc_add(&hi, &lo, &bad[i], 1);
+    tu_check(r && hi == 0 && lo == 0, "xacc: term %g refused and not added", (double)bad[i]);
+  }
+  const float good[] = {0x1p24f - 1.0f, 0x1p-80f, -0x1p-30f, 0.0f};
+  int64_t hi = 0, lo = 0;
+  tu_check(!dsv4_xacc_add(&hi, &lo, good, 4), "xacc: 2^24 - 1, 2^-80, -2^-30 and 0 accepted");
+  const float v = dsv4_xacc_value(hi, lo);
+  tu_check(v == (float)((double)(0x1p24f - 1.0f) - 0x1p-30), "xacc: their sum %.9g", (double)v);
+}
+
+/* Rows accumulated by 1 and by 3 threads (each thread its own copy) give the same bits. */
+static void rows_any_threads(void) {
+  enum { R = 37, W = 19, Q = 600 };
+  float *t = malloc(sizeof(float) * Q * W), *o1 = calloc(R * W, sizeof(float)), *o3 = calloc(R * W, sizeof(float));
+  int32_t row[Q];
+  tu_fill(t, Q * W, 11, 100.0f);
+  for (int q = 0; q < Q; q++) row[q] = (q * 7 + q / 5) % R;
+  for (int nt = 1; nt <= 3; nt += 2) {
+    dsv4_xrows x;
+    tu_ok(dsv4_xrows_alloc(&x, 0, R, W, nt, "test"), "xrows alloc");
+    int bad = 0;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 3) reduction(| : bad)
+    for (int q = 0; q < Q; q++) bad |= dsv4_xrows_add(&x, row[q], t + q * W, 1);
+    x.bad = bad;
+    tu_ok(dsv4_xrows_finish(&x, nt == 1 ? o1 : o3, "test"), "xrows finish");
+  }
+  tu_check(!memcmp(o1, o3, sizeof(float) * R * W), "xrows: 1 and 3 threads give the same bits");
+  dsv4_xrows x;
+  tu_ok(dsv4_xrows_alloc(&x, 0, 1, 1, 1, "test op"), "xrows alloc");
+  x.bad = 1;
+  tu_check(dsv4_xrows_finish(&x, o1, "test op") == DSV4_ERR_ARG, "xrows: a bad term is an error at the finish");
+  free(t), free(o1), free(o3);
+}
+
+/* dx-style row products in global panels, added to what the rows hold: a shard's rows equal the whole
+ * stream's bits, with 1 and 2 threads. */
+static void rows_nn_panels(void) {
+  enum { N = 24, K = 40, T = 300 };
+  const int64_t P = dsv4_panel_rows(T);
+  float *X = malloc(sizeof(float) * T * K), *W = malloc(sizeof(float) * K * N), *Y0 = malloc(sizeof(float) * T * N);
+  float *Y = malloc(sizeof(float) * T * N), *Ys = malloc(sizeof(float) * T * N), *R = malloc(sizeof(float) * T * N);
+  int64_t glob[T];
+  tu_fill(X, T * K, 1, 1.0f);
+  tu_fill(W, K * N, 2, 1.0f);
+  tu_fill(Y0, T * N, 3, 1.0f);
+  for (int i = 0; i < T; i++) glob[i] = i;
+  memcpy(Y, Y0, sizeof(float) * T * N);
+  memcpy(R, Y0, sizeof(float) * T * N);
+  tu_ok(dsv4_rows_nn(Y, N, X, K, W, N, T, N, K, glob, P, 1, DSV4_IMPL_FAST), "rows_nn");
+  dsv4_gemm_nn_ref(T, N, K, 1.0f, X, K, W, N, 1.0f, R, N);
+  tu_close("rows_nn (beta 1) vs reference loops", Y, R, T * N, 1e-5, 1.0);
+  const int old = dsv4_threads_enter(2);
+  static const int64_t cut[][2] = {{0, 100}, {100, 300}, {37, 263}, {299, 300}};
+  int same = 1;
+  for (size_t c = 0; c < sizeof cut / sizeof cut[0]; c++) {
+    const int64_t a = cut[c][0], n = cut[c][1] - a;
+    memcpy(Ys, Y0 + a * N, sizeof(float) * n * N);
+    tu_ok(dsv4_rows_nn(Ys, N, X + a * K, K, W, N, n, N, K, glob + a, P, 1, DSV4_IMPL_FAST), "rows_nn shard");
+    same &= !memcmp(Ys, Y + a * N, sizeof(float) * n * N);
+  }
+  dsv4_threads_leave(old);
+  tu_check(same, "rows_nn: shards [0,100) [100,300) [37,263) [299,300) on 2 threads: the whole stream's bits");
+  free(X), free(W), free(Y0), free(Y), free(Ys), free(R);
+}
+
+/* Weight gradients in shape-fixed blocks: 1 and 2 threads give the same bits, for both cut sides. */
+static void wgrad_any_threads(void) {
+  static const int64_t shape[][3] = {{4500, 40, 30}, {24, 6200, 20}, {300, 200, 33}}; /* 2, 3, 1 blocks */
+  for (size_t c = 0; c < sizeof shape / sizeof shape[0]; c++) {
+    const int64_t M = shape[c][0], N = shape[c][1], K = shape[c][2];
+    float *A = malloc(sizeof(float) * K * M), *B = malloc(sizeof(float) * K * N), *C1 = calloc(M * N, 4),
+          *C2 = calloc(M * N, 4), *R = calloc(M * N, 4);
+    tu_fill(A, K * M, 5, 1.0f);
+    tu_fill(B, K * N, 6, 1.0f);
+    int old = dsv4_threads_enter(1);
+    dsv4_wgrad_tn(M, N, K, A, M, B, N, C1, N, DSV4_IMPL_FAST);
+    dsv4_threads_leave(old);
+    old = dsv4_threads_enter(2);
+    dsv4_wgrad_tn(M, N, K, A, M, B, N, C2, N, DSV4_IMPL_FAST);
+    dsv4_threads_leave(old);
+    dsv4_gemm_tn_ref(M, N, K, 1.0f, A, M, B, N, 1.0f, R, N);
+    tu_close("wgrad_tn vs reference loops", C1, R, M * N, 1e-5, 1.0);
+    tu_check(!memcmp(C1, C2, sizeof(float) * (size_t)(M * N)), "wgrad_tn %lld x %lld x %lld: 1 and 2 threads, same bits",
+             (long long)M, (long long)N, (long long)K);
+    free(A), free(B), free(C1), free(C2), free(R);
+  }
+}
+
+static const tu_test TESTS[] = {
+  {"xacc", "order-independent", order_independent},
+  {"xacc", "refuses-bad-terms", refuses_bad_terms},
+  {"xacc", "rows-any-threads", rows_any_threads},
+  {"backward", "rows-nn-panels", rows_nn_panels},
+  {"backward", "wgrad-any-threads", wgrad_any_threads},
+};
+
+int main(int argc, char **argv) { return tu_run(argc, argv, TESTS, (int)(sizeof TESTS / sizeof TESTS[0])); }
