@@ -32,9 +32,9 @@ static dsv4_status self_wait(void *impl, dsv4_comm_req **r, int n) {
   return DSV4_OK;
 }
 
-static dsv4_status self_reduce_scatter(void *impl, const float *s, float *r, size_t n) {
+static dsv4_status self_reduce_scatter(void *impl, const void *s, void *r, size_t n, dsv4_red_type t) {
   (void)impl;
-  memmove(r, s, n * sizeof(float));
+  memmove(r, s, n * (t == DSV4_RED_F32 ? sizeof(float) : sizeof(int64_t)));
   return DSV4_OK;
 }
 

@@ -23,7 +23,7 @@ typedef struct {
   /* Completes and frees n requests (NULL entries are skipped). */
   dsv4_status (*wait)(void *impl, dsv4_comm_req **reqs, int n);
   /* recv[0..n) = sum over ranks of send[rank * n ..]. */
-  dsv4_status (*reduce_scatter)(void *impl, const float *send, float *recv, size_t n);
+  dsv4_status (*reduce_scatter)(void *impl, const void *send, void *recv, size_t n, dsv4_red_type t);
   dsv4_status (*allreduce)(void *impl, void *buf, size_t n, dsv4_red_type t, dsv4_red_op op);
   dsv4_status (*bcast)(void *impl, void *buf, size_t bytes, int root);
   void (*destroy)(void *impl);
@@ -54,8 +54,9 @@ static inline dsv4_status dsv4_comm_test(dsv4_comm *c, dsv4_comm_req **r, int n)
 static inline dsv4_status dsv4_comm_wait(dsv4_comm *c, dsv4_comm_req **r, int n) {
   return c->ops->wait(c->impl, r, n);
 }
-static inline dsv4_status dsv4_comm_reduce_scatter(dsv4_comm *c, const float *s, float *r, size_t n) {
-  return c->ops->reduce_scatter(c->impl, s, r, n);
+/* n elements per rank, of type t (F32 or I64: integer sums are exact, whatever the order) */
+static inline dsv4_status dsv4_comm_reduce_scatter(dsv4_comm *c, const void *s, void *r, size_t n, dsv4_red_type t) {
+  return c->ops->reduce_scatter(c->impl, s, r, n, t);
 }
 static inline dsv4_status dsv4_comm_allreduce(dsv4_comm *c, void *b, size_t n, dsv4_red_type t,
                                               dsv4_red_op op) {

@@ -108,11 +108,12 @@ fail:
   return rc;
 }
 
-static dsv4_status m_reduce_scatter(void *impl, const float *s, float *r, size_t n) {
+static dsv4_status m_reduce_scatter(void *impl, const void *s, void *r, size_t n, dsv4_red_type t) {
   dsv4_status rc = DSV4_OK;
   mpi_impl *m = impl;
   DSV4_TRY(check_count(n, "reduce_scatter"));
-  MPI_TRY(MPI_Reduce_scatter_block(s, r, (int)n, MPI_FLOAT, MPI_SUM, m->comm), "Reduce_scatter_block");
+  MPI_TRY(MPI_Reduce_scatter_block(s, r, (int)n, t == DSV4_RED_F32 ? MPI_FLOAT : MPI_INT64_T, MPI_SUM, m->comm),
+          "Reduce_scatter_block");
 fail:
   return rc;
 }

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "util/err.h"
+#include "util/xacc.h"
 
 double dsv4_xfer_now(void) {
   struct timespec t;
@@ -81,8 +82,9 @@ fail:
 
 /* ---- halos -------------------------------------------------------------------------------------- */
 
-static dsv4_status reserve(dsv4_xfer *x, size_t floats) {
+static dsv4_status reserve(dsv4_xfer *x, size_t bytes) {
   dsv4_status rc = DSV4_OK;
+  const size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
   if (floats <= x->buf_cap) return DSV4_OK;
   free(x->sendbuf);
   free(x->recvbuf);
@@ -95,59 +97,86 @@ fail:
   return rc;
 }
 
-dsv4_status dsv4_xfer_halo(dsv4_xfer *x, const dsv4_halo_plan *p, float *const *bufs, int nb, int64_t ld,
-                           int64_t col0, int64_t width, int tag, int reverse, dsv4_msg_kind kind) {
+/* How a received (or own) row of `width` elements lands on its destination: a copy (forward), a
+ * float add or an exact merge (backward, util/xacc.h rows of width / 2 hi and lo words). */
+typedef enum { LAND_COPY, LAND_ADD_F32, LAND_MERGE_EXACT } land_op;
+
+static void land(land_op op, void *dst, const void *src, int64_t width, size_t esz) {
+  if (op == LAND_COPY) {
+    memcpy(dst, src, esz * (size_t)width);
+  } else if (op == LAND_ADD_F32) {
+    float *d = dst;
+    const float *s = src;
+    for (int64_t e = 0; e < width; e++) d[e] += s[e];
+  } else {
+    int64_t *d = dst;
+    const int64_t *s = src;
+    dsv4_xacc_merge(d, d + width / 2, s, s + width / 2, width / 2);
+  }
+}
+
+/* Rows of nb buffers (elements of esz bytes, leading dimension ld, columns [col0, col0 + width))
+ * along a halo plan; reverse: back to the owners, landing with `op`. */
+static dsv4_status halo_move(dsv4_xfer *x, const dsv4_halo_plan *p, void *const *bufs, int nb, int64_t ld,
+                             int64_t col0, int64_t width, size_t esz, land_op op, int tag, int reverse,
+                             dsv4_msg_kind kind) {
   dsv4_status rc = DSV4_OK;
   dsv4_comm_req **reqs = NULL;
   const int n_out = reverse ? p->n_recv : p->n_send, n_in = reverse ? p->n_send : p->n_recv;
   const dsv4_halo_msg *out = reverse ? p->recv : p->send, *in = reverse ? p->send : p->recv;
-  const int64_t per_row = width * nb;
+  const size_t row = esz * (size_t)width, per_row = row * (size_t)nb;
   size_t tot_out = 0, tot_in = 0;
-  for (int i = 0; i < n_out; i++) tot_out += (size_t)(out[i].n * per_row);
-  for (int i = 0; i < n_in; i++) tot_in += (size_t)(in[i].n * per_row);
-  DSV4_TRY(reserve(x, (tot_out > tot_in ? tot_out : tot_in) + 1));
+  for (int i = 0; i < n_out; i++) tot_out += (size_t)out[i].n * per_row;
+  for (int i = 0; i < n_in; i++) tot_in += (size_t)in[i].n * per_row;
+  DSV4_TRY(reserve(x, (tot_out > tot_in ? tot_out : tot_in) + sizeof(float)));
   DSV4_ALLOC(reqs, n_out + n_in + 1);
+  char *sendbuf = (char *)x->sendbuf, *recvbuf = (char *)x->recvbuf;
+#define ROW(a, r) ((char *)bufs[a] + ((size_t)((r) * ld + col0)) * esz)
   const double t0 = dsv4_xfer_now();
   size_t off = 0;
   for (int i = 0; i < n_in; i++) {
-    DSV4_TRY(dsv4_comm_irecv(x->comm, x->recvbuf + off, sizeof(float) * (size_t)(in[i].n * per_row), in[i].peer,
-                             tag, &reqs[i]));
-    off += (size_t)(in[i].n * per_row);
+    DSV4_TRY(dsv4_comm_irecv(x->comm, recvbuf + off, (size_t)in[i].n * per_row, in[i].peer, tag, &reqs[i]));
+    off += (size_t)in[i].n * per_row;
   }
   off = 0;
   for (int i = 0; i < n_out; i++) {
-    float *b = x->sendbuf + off;
+    char *b = sendbuf + off;
     for (int64_t k = 0; k < out[i].n; k++)
-      for (int a = 0; a < nb; a++)
-        memcpy(b + (k * nb + a) * width, bufs[a] + out[i].rows[k] * ld + col0, sizeof(float) * (size_t)width);
-    DSV4_TRY(dsv4_comm_isend(x->comm, b, sizeof(float) * (size_t)(out[i].n * per_row), out[i].peer, tag,
-                             &reqs[n_in + i]));
-    off += (size_t)(out[i].n * per_row);
+      for (int a = 0; a < nb; a++) memcpy(b + ((size_t)k * nb + a) * row, ROW(a, out[i].rows[k]), row);
+    DSV4_TRY(dsv4_comm_isend(x->comm, b, (size_t)out[i].n * per_row, out[i].peer, tag, &reqs[n_in + i]));
+    off += (size_t)out[i].n * per_row;
   }
   /* rows this rank holds itself: no message */
   for (int64_t k = 0; k < p->n_self; k++)
-    for (int a = 0; a < nb; a++) {
-      const float *src = bufs[a] + (reverse ? p->self_dst[k] : p->self_src[k]) * ld + col0;
-      float *dst = bufs[a] + (reverse ? p->self_src[k] : p->self_dst[k]) * ld + col0;
-      for (int64_t e = 0; e < width; e++) dst[e] = reverse ? dst[e] + src[e] : src[e];
-    }
+    for (int a = 0; a < nb; a++)
+      land(op, ROW(a, reverse ? p->self_src[k] : p->self_dst[k]), ROW(a, reverse ? p->self_dst[k] : p->self_src[k]),
+           width, esz);
   DSV4_TRY(dsv4_comm_wait(x->comm, reqs, n_out + n_in));
   off = 0;
   for (int i = 0; i < n_in; i++) {
-    const float *b = x->recvbuf + off;
+    const char *b = recvbuf + off;
     for (int64_t k = 0; k < in[i].n; k++)
-      for (int a = 0; a < nb; a++) {
-        float *dst = bufs[a] + in[i].rows[k] * ld + col0;
-        const float *src = b + (k * nb + a) * width;
-        for (int64_t e = 0; e < width; e++) dst[e] = reverse ? dst[e] + src[e] : src[e];
-      }
-    off += (size_t)(in[i].n * per_row);
+      for (int a = 0; a < nb; a++) land(op, ROW(a, in[i].rows[k]), b + ((size_t)k * nb + a) * row, width, esz);
+    off += (size_t)in[i].n * per_row;
   }
-  account(x, kind, sizeof(float) * tot_out, sizeof(float) * tot_in, (uint64_t)n_out, dsv4_xfer_now() - t0);
+#undef ROW
+  account(x, kind, tot_out, tot_in, (uint64_t)n_out, dsv4_xfer_now() - t0);
 fail:
   if (rc != DSV4_OK && reqs) dsv4_comm_wait(x->comm, reqs, n_out + n_in);
   free(reqs);
   return rc;
+}
+
+dsv4_status dsv4_xfer_halo(dsv4_xfer *x, const dsv4_halo_plan *p, float *const *bufs, int nb, int64_t ld,
+                           int64_t col0, int64_t width, int tag, int reverse, dsv4_msg_kind kind) {
+  return halo_move(x, p, (void *const *)bufs, nb, ld, col0, width, sizeof(float), reverse ? LAND_ADD_F32 : LAND_COPY,
+                   tag, reverse, kind);
+}
+
+dsv4_status dsv4_xfer_halo_exact_bwd(dsv4_xfer *x, const dsv4_halo_plan *p, int64_t *acc, int64_t w, int tag,
+                                     dsv4_msg_kind kind) {
+  void *const bufs[1] = {acc};
+  return halo_move(x, p, bufs, 1, 2 * w, 0, 2 * w, sizeof(int64_t), LAND_MERGE_EXACT, tag, 1, kind);
 }
 
 /* ---- Stage 1: all-gather, and its backward -------------------------------------------------- */
@@ -186,9 +215,23 @@ void dsv4_xfer_drain(dsv4_xfer *x) { dsv4_comm_wait(x->comm, x->gather_req, DSV4
 
 dsv4_status dsv4_xfer_reduce_scatter(dsv4_xfer *x, const float *all, float *mine, size_t n) {
   const double t0 = dsv4_xfer_now();
-  dsv4_status rc = dsv4_comm_reduce_scatter(x->comm, all, mine, n);
+  dsv4_status rc = dsv4_comm_reduce_scatter(x->comm, all, mine, n, DSV4_RED_F32);
   const uint64_t vol = sizeof(float) * (uint64_t)n * (uint64_t)(x->comm->size - 1);
   account(x, DSV4_MSG_SLOT_REDUCE_SCATTER, vol, vol, 1, dsv4_xfer_now() - t0);
+  return rc;
+}
+
+/* Exact rows (util/xacc.h): integer sums, the same whatever the number of ranks or the order MPI
+ * adds them in; the low words then carry into the high ones again. */
+dsv4_status dsv4_xfer_reduce_scatter_exact(dsv4_xfer *x, const int64_t *all, int64_t *mine, int64_t rows, int64_t w) {
+  dsv4_status rc = DSV4_OK;
+  const size_t n = (size_t)(rows * 2 * w);
+  const double t0 = dsv4_xfer_now();
+  DSV4_TRY(dsv4_comm_reduce_scatter(x->comm, all, mine, n, DSV4_RED_I64));
+  const uint64_t vol = sizeof(int64_t) * (uint64_t)n * (uint64_t)(x->comm->size - 1);
+  account(x, DSV4_MSG_SLOT_REDUCE_SCATTER, vol, vol, 1, dsv4_xfer_now() - t0);
+  for (int64_t r = 0; r < rows; r++) dsv4_xacc_normalize(mine + r * 2 * w, mine + r * 2 * w + w, w);
+fail:
   return rc;
 }
 

@@ -58,6 +58,11 @@ dsv4_status dsv4_xfer_agree(dsv4_xfer *x, uint64_t cfg_hash, const dsv4_packing 
  * the ranks the plan names (every rank calls it with the same tag). */
 dsv4_status dsv4_xfer_halo(dsv4_xfer *x, const dsv4_halo_plan *h, float *const *bufs, int nb, int64_t ld,
                            int64_t col0, int64_t width, int tag, int reverse, dsv4_msg_kind kind);
+/* The backward over exact rows (util/xacc.h: acc is rows of 2 w int64): halo rows go to their
+ * owners and are merged there with integer adds, so an owner's sums do not depend on which rank
+ * computed which terms. */
+dsv4_status dsv4_xfer_halo_exact_bwd(dsv4_xfer *x, const dsv4_halo_plan *h, int64_t *acc, int64_t w, int tag,
+                                     dsv4_msg_kind kind);
 
 /* Stage 1's all-gather of `bytes` per rank from local into all ([N] x bytes): start, then wait.
  * With overlap 0 the start completes it (blocking) and the wait only accounts. Collective. */
@@ -70,6 +75,8 @@ void dsv4_xfer_drain(dsv4_xfer *x);
 
 /* The backward of the all-gather: mine[0..n) = sum over ranks of all[rank * n ..]. Collective. */
 dsv4_status dsv4_xfer_reduce_scatter(dsv4_xfer *x, const float *all, float *mine, size_t n);
+/* The same over exact rows (util/xacc.h: rows x 2 w int64 per rank): the sums do not depend on N. */
+dsv4_status dsv4_xfer_reduce_scatter_exact(dsv4_xfer *x, const int64_t *all, int64_t *mine, int64_t rows, int64_t w);
 
 /* The KL loss partials (exact) and valid counts summed over ranks, in place; every rank gets the
  * same bits, equal to the one-rank sum. Collective. */

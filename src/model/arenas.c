@@ -1,6 +1,7 @@
 /* arenas.c: the carve functions of arenas.h: the one description of what a layer call holds. */
 #include "arenas.h"
 
+#include "util/par.h"
 #include "util/workspace.h"
 
 dsv4_status dsv4_arena_reserve(dsv4_arena *a, size_t bytes, const char *what) {
@@ -38,6 +39,7 @@ void dsv4_dims_of(dsv4_dims *dm, const dsv4_config *cfg, const dsv4_layer_info *
                     .HGD = cfg->n_heads / cfg->o_groups * cfg->head_dim, .Hi = cfg->index_n_heads,
                     .Di = cfg->index_head_dim, .k = cfg->index_topk};
   dm->max_keys = p->max_win + (dm->sparse ? cfg->index_topk : p->max_cmp);
+  dm->nt = dm->fast ? dsv4_nthreads() : 1;
 }
 
 #define F(n) (sizeof(float) * (size_t)(n))
@@ -100,9 +102,16 @@ size_t dsv4_carve_core_bwd(char *base, const dsv4_dims *m, dsv4_core_bwd_scratch
   const int64_t cD = (m->ratio == 4 ? 2 : 1) * (int64_t)m->D, dim = keys && m->Di > m->D ? m->Di : m->D;
   const int64_t cdim = m->v4_keys && 2 * m->Di > cD ? 2 * m->Di : cD;
   *s = (dsv4_core_bwd_scratch){0};
+  const size_t X = 2 * sizeof(int64_t) * (size_t)m->D; /* one exact row */
+  s->x_ext = dsv4_carve(&c, X * (size_t)(m->nt * m->R_kv));
   s->d_ext = dsv4_carve(&c, F(m->R_kv * m->D));
-  if (m->ratio > 0 && m->own_cmp) s->d_cmp = dsv4_carve(&c, F(m->n_cmp * m->D));
+  if (m->ratio > 0) {
+    s->x_cmp = dsv4_carve(&c, X * (size_t)(m->nt * m->n_cmp));
+    s->d_cmp = dsv4_carve(&c, F(m->n_cmp * m->D));
+  }
   if (m->compresses) {
+    s->x_all = dsv4_carve(&c, X * (size_t)m->n_blk_all);
+    s->x_blk = dsv4_carve(&c, X * (size_t)m->n_blk);
     s->d_all = dsv4_carve(&c, F(m->n_blk_all * dim));
     s->d_blk = dsv4_carve(&c, F(m->n_blk * dim));
     s->dC = dsv4_carve(&c, F(m->R_c * cdim));
@@ -190,7 +199,7 @@ size_t dsv4_layer_scratch_bytes(const dsv4_dims *dm) {
 
 size_t dsv4_kernel_scratch_bytes(const dsv4_dims *m, int threads) {
   const size_t nt = threads > 1 ? (size_t)threads : 1, x = 2 * sizeof(int64_t);
-  const size_t attn = x * (size_t)(m->R_kv * m->D + m->n_cmp * m->D + m->H);
+  const size_t attn = x * (size_t)m->H; /* its window and compressed sums are the core's x_ext, x_cmp */
   const size_t kl = m->selects ? x * (size_t)(m->n_cmp * m->Di) : 0;
   return nt * (attn > kl ? attn : kl);
 }

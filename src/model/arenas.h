@@ -69,6 +69,7 @@ typedef struct {
   int64_t n_blk, n_blk_all, n_cmp;
   int64_t max_keys;        /* keys of the query with the most (window + compressed) */
   int H, D, d, dq, GRo, HGD, Hi, Di, k;
+  int nt;                  /* threads of the backward's exact key-gradient sums (copies; 1 on the naive path) */
 } dsv4_dims;
 
 /* The dimensions of a call of the layer (or core) of role info with configuration cfg on plan p. */
@@ -88,7 +89,11 @@ typedef struct {
   float *qI, *wI;          /* recomputation: a chunk's indexer queries and weights */
 } dsv4_core_fwd_scratch;
 
+/* x_ext, x_cmp: the exact sums (util/xacc.h) of the window rows' and compressed rows' gradients over
+ * all chunks, nt copies of [R_kv | n_cmp] x 2 D int64; x_all, x_blk: the exact reduce-scatter's
+ * [n_blk_all | n_blk] x 2 D. d_ext, d_cmp: the naive path's float sums (then added to x_*). */
 typedef struct {
+  int64_t *x_ext, *x_cmp, *x_all, *x_blk;
   float *d_ext, *d_cmp, *d_KI, *d_all, *d_blk, *dC, *dZ, *d_qI, *d_wI;
   float *rc_lse, *rc_scores, *qI, *wI; /* recomputation: a chunk's lse, logits, indexer queries */
   int64_t rc_stride;                    /* floats per query in rc_scores */
@@ -118,9 +123,9 @@ size_t dsv4_carve_layer_bwd(char *base, const dsv4_dims *dm, dsv4_layer_bwd_scra
 size_t dsv4_core_scratch_bytes(const dsv4_dims *dm);
 size_t dsv4_layer_scratch_bytes(const dsv4_dims *dm);
 
-/* Per-call kernel workspace at the peak, which the kernels allocate themselves: the exact key-gradient
- * sums of every thread (util/xrows.h, 16 bytes per element) of the attention backward (window rows,
- * compressed rows, sinks) or of the KL loss (indexer keys), whichever is larger. */
+/* Per-call kernel workspace at the peak, which the kernels allocate themselves: the exact gradient
+ * sums of every thread (util/xrows.h, 16 bytes per element) of the attention backward (sinks; its
+ * key rows are summed in the core's arena) or of the KL loss (indexer keys), whichever is larger. */
 size_t dsv4_kernel_scratch_bytes(const dsv4_dims *dm, int threads);
 
 #endif

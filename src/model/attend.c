@@ -59,8 +59,14 @@ dsv4_status dsv4_attend_whole(const dsv4_stage_env *e, const dsv4_attn_args *at)
   return dsv4_sparse_attn_dist(at, e->x->comm->size, places, e->impl);
 }
 
-dsv4_status dsv4_attend_bwd(const dsv4_stage_env *e, const dsv4_attn_bwd_args *ab) {
+dsv4_status dsv4_attend_bwd(const dsv4_stage_env *e, const dsv4_attn_bwd_args *ab, dsv4_xrows *x_ori,
+                            dsv4_xrows *x_cmp) {
+  dsv4_status rc = DSV4_OK;
   dsv4_placement places[5];
   places_of(e, ab->fwd.S1, places);
-  return dsv4_sparse_attn_bwd_dist(ab, e->x->comm->size, places, e->impl);
+  if (e->impl == DSV4_IMPL_NAIVE || (!x_ori && !x_cmp)) return dsv4_sparse_attn_bwd_dist(ab, e->x->comm->size, places, e->impl);
+  DSV4_TRY(dsv4_attn_layout_check(&ab->fwd, e->x->comm->size, places));
+  DSV4_TRY(dsv4_sparse_attn_bwd_into(ab, x_ori, x_cmp));
+fail:
+  return rc;
 }

@@ -21,6 +21,7 @@
 #include "model/shared.h"
 #include "ops/kernels.h"
 #include "plan/plan.h"
+#include "util/xrows.h"
 
 /* What a stage needs besides its buffers. */
 typedef struct {
@@ -54,7 +55,7 @@ typedef struct {
   float d_loss;
   /* what the stages read and write: the core's own arenas (V4) or the shared state (V4.1) */
   float *cmp, *KI;           /* [n_cmp, D], [n_cmp, Di] the global compressed kv and indexer keys */
-  float *d_cmp, *d_KI;       /* their gradients (V4.1: the kv source's sums) */
+  float *d_KI;               /* the indexer keys' gradients (V4.1: the kv source's sums) */
   int32_t *topk;             /* [n, k] the top-k ids attended to (own, or the index source's) */
   const int32_t *cand_in;    /* [n, n_cand] the candidate source's blocks (V4.1 later index sources) */
   int32_t *cand_out;         /* [n, n_cand] this candidate source's blocks */
@@ -140,19 +141,28 @@ dsv4_status dsv4_stage1_finish(const dsv4_stage_env *e, int which, const float *
 /* Backward of one compressor from this rank's d out [n_cmp, dim]: scatter through the gather index,
  * reduce-scatter to the owners, compressor backward, halo gradients back to the ranks that sent
  * the rows, weight gradients (accumulated into grads) and, when dx is not NULL, dx += dC Wkv + dZ
- * Wgate. d_all, d_blk, dC, dZ: scratch of the sizes of arenas.h. keys_bwd: the V4.1 keys' backward
- * from d KI [n_cmp, Di] (to the owners, k_norm, indexer.wk; nothing to the latent: detached). */
-dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const float *d_out, const float *x,
+ * Wgate. d out is either floats (d_out) or exact sums (x_out [n_cmp, 2 dim], util/xacc.h: then the
+ * reduce-scatter is exact, through x_all and x_blk, and d_blk the owners' sums rounded once, the
+ * same bits for every N). d_all, d_blk, dC, dZ, x_all, x_blk: scratch of the sizes of arenas.h.
+ * keys_bwd: the V4.1 keys' backward from d KI [n_cmp, Di] (to the owners, k_norm, indexer.wk;
+ * nothing to the latent: detached). */
+typedef struct {
+  const float *d_out;
+  const int64_t *x_out;
+  int64_t *x_all, *x_blk;
+} dsv4_stage1_grad;
+dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const dsv4_stage1_grad *g, const float *x,
                                  const float *C, const float *Z, float *d_all, float *d_blk, float *dC, float *dZ,
                                  dsv4_weights *grads, float *dx);
 dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const float *d_KI, const float *latent, float *kpre,
                                  float *d_all, float *d_blk, dsv4_weights *grads);
 
 /* window.c. The window halo: kv_ext's own rows copied from kv [n, D], its halo rows from the left
- * neighbours. Backward: d_ext's halo rows go to their owners and are added there; dkv [n, D] gets
- * the own rows. */
+ * neighbours. Backward, over the exact sums x_ext [R_kv, 2 D] (util/xacc.h): the halo rows go to
+ * their owners and are merged there; dkv [n, D] gets the own rows' sums, rounded once (the same
+ * bits whichever ranks computed the terms). */
 dsv4_status dsv4_window_halo(const dsv4_stage_env *e, const float *kv, float *kv_ext);
-dsv4_status dsv4_window_halo_bwd(const dsv4_stage_env *e, float *d_ext, float *dkv);
+dsv4_status dsv4_window_halo_bwd(const dsv4_stage_env *e, int64_t *x_ext, float *dkv);
 
 /* select.c. Indexer queries [n, Hi Di] (RoPE at each row's position) and head weights [n, Hi] of
  * local rows [i0, i0 + n), from qr and x (whole arrays); top-k ids and scores against the global
@@ -180,7 +190,10 @@ dsv4_status dsv4_attend_window(const dsv4_stage_env *e, const dsv4_attn_args *at
 dsv4_status dsv4_attend_finish(const dsv4_stage_env *e, const dsv4_attn_args *at, const float *m_w,
                                const float *l_w);
 dsv4_status dsv4_attend_whole(const dsv4_stage_env *e, const dsv4_attn_args *at);
-dsv4_status dsv4_attend_bwd(const dsv4_stage_env *e, const dsv4_attn_bwd_args *ab);
+/* The backward; x_ori / x_cmp (fast path, may be NULL): the key gradients go into these exact sums
+ * instead of ab's d_ori_kv / d_cmp_kv. */
+dsv4_status dsv4_attend_bwd(const dsv4_stage_env *e, const dsv4_attn_bwd_args *ab, dsv4_xrows *x_ori,
+                            dsv4_xrows *x_cmp);
 
 /* loss.c. The KL terms of local rows [i0, i0 + n) (kl_rows [n] doubles; *valid += queries with a
  * term); the loss reduced exactly over ranks from every row's term (coeff * sum / n_valid);

@@ -15,6 +15,8 @@
 #include "core.h"
 #include "model/weights.h"
 #include "util/err.h"
+#include "util/xacc.h"
+#include "util/xrows.h"
 
 static dsv4_stage_env env_of(dsv4_core *c) {
   return (dsv4_stage_env){&c->cfg, c->w, c->impl, &c->plan, &c->xfer};
@@ -43,7 +45,7 @@ static dsv4_status connect_sums(dsv4_core *c) {
                           : "no training forward in this pass");
   }
   DSV4_TRY(dsv4_shared_kv_sums(e));
-  st->d_cmp = e->d_cmp, st->d_KI = e->d_KI;
+  st->d_KI = e->d_KI;
 fail:
   return rc;
 }
@@ -58,10 +60,15 @@ dsv4_status dsv4_core_bwd_begin(dsv4_core *c, dsv4_weights *grads, float d_loss)
   st->grads = grads;
   st->d_loss = d_loss;
   dsv4_carve_core_bwd(c->scratch.base, dm, &st->bs); /* the forward reserved the larger phase */
+  const size_t X = 2 * sizeof(int64_t) * (size_t)dm->D; /* one exact row */
+  memset(st->bs.x_ext, 0, X * (size_t)(dm->nt * dm->R_kv));
   memset(st->bs.d_ext, 0, sizeof(float) * (size_t)(dm->R_kv * dm->D));
+  if (c->ratio > 0) {
+    memset(st->bs.x_cmp, 0, X * (size_t)(dm->nt * dm->n_cmp));
+    memset(st->bs.d_cmp, 0, sizeof(float) * (size_t)(dm->n_cmp * dm->D));
+  }
   if (dm->own_cmp) {
-    st->d_cmp = st->bs.d_cmp, st->d_KI = st->bs.d_KI;
-    if (c->ratio > 0) memset(st->d_cmp, 0, sizeof(float) * (size_t)(dm->n_cmp * dm->D));
+    st->d_KI = st->bs.d_KI;
     if (dm->v4_keys) memset(st->d_KI, 0, sizeof(float) * (size_t)(dm->n_cmp * dm->Di));
   }
 fail:
@@ -98,12 +105,17 @@ dsv4_status dsv4_core_bwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
   DSV4_CHECK(q && o && d_o && dq && i0 >= 0 && n >= 0 && i0 + n <= c->plan.n, DSV4_ERR_ARG,
              "core backward: bad rows [%lld, %lld) or NULL buffers", (long long)i0, (long long)(i0 + n));
   const dsv4_attn_bwd_args ab = {
-      .dq = dq, .d_ori_kv = st->bs.d_ext, .d_cmp_kv = st->d_cmp, .d_sink = dsv4_w(st->grads, W_SINK),
+      .dq = dq, .d_ori_kv = st->bs.d_ext, .d_cmp_kv = st->bs.d_cmp, .d_sink = dsv4_w(st->grads, W_SINK),
       .dout = d_o, .out = o, .lse = st->sv.lse + i0 * H, .scores = c->recompute ? st->bs.rc_scores : NULL,
       .fwd = dsv4_attend_args(&e, i0, n, q, NULL, NULL, ori_kv(c), st->cmp, st->topk)};
   dsv4_attn_bwd_args abs = ab;
   abs.fwd.score_stride = st->bs.rc_stride;
-  DSV4_TRY(dsv4_attend_bwd(&e, &abs));
+  /* the fast path adds the key gradients into the exact sums over all chunks; the naive path into
+   * d_ext / d_cmp (floats, added to the sums at the end) */
+  dsv4_xrows xo = dsv4_xrows_view(st->bs.x_ext, st->dm.R_kv, st->dm.D, st->dm.nt);
+  dsv4_xrows xc = dsv4_xrows_view(st->bs.x_cmp, st->dm.n_cmp, st->dm.D, st->dm.nt);
+  const int fast = c->impl != DSV4_IMPL_NAIVE;
+  DSV4_TRY(dsv4_attend_bwd(&e, &abs, fast ? &xo : NULL, fast && c->ratio > 0 ? &xc : NULL));
   if (st->dm.selects) {
     /* recomputation left this chunk's indexer queries in the chunk-sized buffers */
     const float *qI = c->recompute ? st->bs.qI : st->sv.qI + i0 * Hi * Di;
@@ -118,19 +130,54 @@ fail:
   return rc;
 }
 
+/* The exact sums of rows [rows, 2 w] (copy 0 of the threads' copies): the fast path merges the copies;
+ * the naive path adds its float sums f [rows, w] as terms. */
+static dsv4_status sums_of(const dsv4_core *c, int64_t *x, const float *f, int64_t rows, int64_t w) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_xrows v = dsv4_xrows_view(x, rows, w, c->run.dm.nt);
+  if (c->impl != DSV4_IMPL_NAIVE) {
+    dsv4_xrows_merge(&v);
+    return DSV4_OK;
+  }
+  int bad = 0;
+  for (int64_t r = 0; r < rows; r++) bad |= dsv4_xacc_add(x + r * 2 * w, x + r * 2 * w + w, f + r * w, w);
+  DSV4_CHECK(!bad, DSV4_ERR_ARG, "layer %d backward: a key gradient is not finite or not below 2^24", c->layer);
+fail:
+  return rc;
+}
+
 dsv4_status dsv4_core_bwd_end(dsv4_core *c, float *dkv, float *dx) {
   dsv4_status rc = DSV4_OK;
   dsv4_core_run *st = &c->run;
   const dsv4_stage_env e = env_of(c);
+  const dsv4_dims *dm = &st->dm;
   DSV4_CHECK(st->valid && st->grads, DSV4_ERR_STATE, "core backward: end before dsv4_core_bwd_begin");
   DSV4_CHECK(dkv && (c->ratio == 0 || dx), DSV4_ERR_ARG, "core backward: dkv (and dx for a compressed layer) required");
-  DSV4_TRY(dsv4_window_halo_bwd(&e, st->bs.d_ext, dkv));
-  if (st->dm.compresses)
-    DSV4_TRY(dsv4_stage1_backward(&e, 0, st->d_cmp, st->x, st->sv.C, st->sv.Z, st->bs.d_all, st->bs.d_blk,
-                                  st->bs.dC, st->bs.dZ, st->grads, dx));
-  if (st->dm.v4_keys)
-    DSV4_TRY(dsv4_stage1_backward(&e, 1, st->d_KI, st->x, st->sv.CI, st->sv.ZI, st->bs.d_all, st->bs.d_blk,
-                                  st->bs.dC, st->bs.dZ, st->grads, NULL));
+  DSV4_TRY(sums_of(c, st->bs.x_ext, st->bs.d_ext, dm->R_kv, dm->D));
+  DSV4_TRY(dsv4_window_halo_bwd(&e, st->bs.x_ext, dkv));
+  /* the compressed rows' sums: this layer's own (V4), or added to its kv source's (V4.1) */
+  const int64_t *x_src = st->bs.x_cmp;
+  if (c->ratio > 0) {
+    DSV4_TRY(sums_of(c, st->bs.x_cmp, st->bs.d_cmp, dm->n_cmp, dm->D));
+    if (st->kv_e) {
+      int64_t *sum = st->kv_e->x_cmp;
+      const int64_t D = dm->D;
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < dm->n_cmp; r++)
+        dsv4_xacc_merge(sum + r * 2 * D, sum + r * 2 * D + D, st->bs.x_cmp + r * 2 * D, st->bs.x_cmp + r * 2 * D + D, D);
+      x_src = sum;
+    }
+  }
+  if (dm->compresses) {
+    const dsv4_stage1_grad g = {.x_out = x_src, .x_all = st->bs.x_all, .x_blk = st->bs.x_blk};
+    DSV4_TRY(dsv4_stage1_backward(&e, 0, &g, st->x, st->sv.C, st->sv.Z, st->bs.d_all, st->bs.d_blk, st->bs.dC,
+                                  st->bs.dZ, st->grads, dx));
+  }
+  if (dm->v4_keys) {
+    const dsv4_stage1_grad g = {.d_out = st->d_KI};
+    DSV4_TRY(dsv4_stage1_backward(&e, 1, &g, st->x, st->sv.CI, st->sv.ZI, st->bs.d_all, st->bs.d_blk, st->bs.dC,
+                                  st->bs.dZ, st->grads, NULL));
+  }
   if (st->dm.v41_keys)
     DSV4_TRY(dsv4_stage1_keys_bwd(&e, st->d_KI, st->sv.lat, st->sv.kpre, st->bs.d_all, st->bs.d_blk, st->grads));
   if (st->kv_e) { /* the pass's order: a consumer is done; the source's sums are spent */

@@ -34,7 +34,7 @@ void dsv4_shared_free(dsv4_shared *s) {
   for (int i = 0; i < s->n_kv; i++) {
     dsv4_plan_key_free(&s->kv[i]->key);
     free(s->kv[i]->cmp);
-    free(s->kv[i]->d_cmp);
+    free(s->kv[i]->x_cmp);
     free(s->kv[i]);
   }
   for (int i = 0; i < s->n_sel; i++) {
@@ -147,12 +147,12 @@ fail:
 dsv4_status dsv4_shared_kv_sums(dsv4_shared_kv *e) {
   dsv4_status rc = DSV4_OK;
   if (e->sums_ready) return DSV4_OK;
-  const size_t n = (size_t)e->n_cmp * (size_t)(e->D + e->Di);
-  void *buf = e->d_cmp;
+  const size_t n = (size_t)e->n_cmp * (size_t)(4 * e->D + e->Di); /* in floats: an exact element is four */
+  void *buf = e->x_cmp;
   DSV4_TRY(hold(&buf, &e->d_cap, n, sizeof(float), "compressed kv gradient", e->layer));
-  e->d_cmp = buf;
-  e->d_KI = e->d_cmp + (size_t)e->n_cmp * (size_t)e->D;
-  memset(e->d_cmp, 0, sizeof(float) * n);
+  e->x_cmp = buf;
+  e->d_KI = (float *)buf + (size_t)e->n_cmp * 4 * (size_t)e->D;
+  memset(buf, 0, sizeof(float) * n);
   e->sums_ready = 1;
 fail:
   return rc;

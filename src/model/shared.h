@@ -25,13 +25,14 @@ typedef struct {
   int64_t n_cmp;
   int D, Di;
   float *cmp, *KI;         /* [n_cmp, D], [n_cmp, Di] the global compressed kv and indexer keys */
-  float *d_cmp, *d_KI;     /* backward: the sums of every layer that reads them */
-  size_t cap, d_cap;       /* floats allocated for cmp + KI, d_cmp + d_KI */
+  int64_t *x_cmp;          /* backward: the exact sums ([n_cmp, 2 D], util/xacc.h) of every reader's d cmp */
+  float *d_KI;             /* backward: the sums of every reader's d KI [n_cmp, Di] */
+  size_t cap, d_cap;       /* floats allocated for cmp + KI, x_cmp (4 D per row) + d_KI */
   int complete;            /* the source's forward finished (a failed one leaves no entry) */
   int train;               /* the source's forward was a training one */
   uint8_t reader[DSV4_MAX_LAYERS]; /* 1: layer L ran a training forward that reads it */
   uint8_t done[DSV4_MAX_LAYERS];   /* 1: ... and its backward */
-  int sums_ready;          /* d_cmp, d_KI zeroed for this pass's backward */
+  int sums_ready;          /* x_cmp, d_KI zeroed for this pass's backward */
   int bwd_done;            /* the source's backward ran */
 } dsv4_shared_kv;
 

@@ -14,6 +14,7 @@
 #include "core.h"
 #include "model/weights.h"
 #include "util/err.h"
+#include "util/xacc.h"
 #include "ops/rmsnorm.h"
 #include "util/gemm.h"
 
@@ -152,7 +153,25 @@ static dsv4_status to_owners(const dsv4_stage_env *e, int dim, const float *d_ou
   return dsv4_xfer_reduce_scatter(e->x, d_all, d_blk, (size_t)(lay->n_blk * dim));
 }
 
-dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const float *d_out, const float *x,
+/* The same over exact sums: integer rows through the reduce-scatter, rounded once by the owner. */
+static dsv4_status to_owners_exact(const dsv4_stage_env *e, int dim, const int64_t *x_out, int64_t *x_all,
+                                   int64_t *x_blk, float *d_blk) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_layout *lay = &e->p->lay;
+  const int64_t w2 = 2 * (int64_t)dim;
+  memset(x_all, 0, sizeof(int64_t) * (size_t)(lay->n_blk_all * w2));
+  for (int64_t s = 0; s < e->p->docs.n_cmp; s++) {
+    int64_t *dst = x_all + (int64_t)lay->gather[s] * w2;
+    const int64_t *src = x_out + s * w2;
+    dsv4_xacc_merge(dst, dst + dim, src, src + dim, dim);
+  }
+  DSV4_TRY(dsv4_xfer_reduce_scatter_exact(e->x, x_all, x_blk, lay->n_blk, dim));
+  for (int64_t b = 0; b < lay->n_blk; b++) dsv4_xacc_store(d_blk + b * dim, x_blk + b * w2, x_blk + b * w2 + dim, dim, 0);
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const dsv4_stage1_grad *g, const float *x,
                                  const float *C, const float *Z, float *d_all, float *d_blk, float *dC, float *dZ,
                                  dsv4_weights *grads, float *dx) {
   dsv4_status rc = DSV4_OK;
@@ -160,7 +179,8 @@ dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const float
   const dsv4_layout *lay = &e->p->lay;
   const dsv4_kernels *K = dsv4_kernels_get(e->impl);
   const int cD = id.cD, d = e->cfg->dim, gate = gated(e);
-  DSV4_TRY(to_owners(e, id.dim, d_out, d_all, d_blk));
+  if (g->x_out) DSV4_TRY(to_owners_exact(e, id.dim, g->x_out, g->x_all, g->x_blk, d_blk));
+  else DSV4_TRY(to_owners(e, id.dim, g->d_out, d_all, d_blk));
   memset(dC, 0, sizeof(float) * (size_t)(lay->R_c * cD));
   if (gate) memset(dZ, 0, sizeof(float) * (size_t)(lay->R_c * cD));
   const dsv4_compress_bwd_args cb = {.dC = dC, .dZ = gate ? dZ : NULL,

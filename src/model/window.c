@@ -7,6 +7,7 @@
 
 #include "core.h"
 #include "util/err.h"
+#include "util/xacc.h"
 
 enum { TAG_WIN = 100, TAG_WIN_BWD = 101 };
 
@@ -27,15 +28,19 @@ fail:
   return rc;
 }
 
-dsv4_status dsv4_window_halo_bwd(const dsv4_stage_env *e, float *d_ext, float *dkv) {
+dsv4_status dsv4_window_halo_bwd(const dsv4_stage_env *e, int64_t *x_ext, float *dkv) {
   dsv4_status rc = DSV4_OK;
   const dsv4_layout *lay = &e->p->lay;
   const int D = e->cfg->head_dim;
-  DSV4_TRY(dsv4_xfer_halo(e->x, &e->p->halo[DSV4_HALO_WINDOW], &d_ext, 1, D, 0, D, TAG_WIN_BWD, 1,
-                          DSV4_MSG_WINDOW_HALO_BWD));
+  DSV4_TRY(dsv4_xfer_halo_exact_bwd(e->x, &e->p->halo[DSV4_HALO_WINDOW], x_ext, D, TAG_WIN_BWD,
+                                    DSV4_MSG_WINDOW_HALO_BWD));
   for (int s = 0; s < lay->n_seg; s++) {
     const dsv4_seg *sg = &lay->seg[s];
-    memcpy(dkv + sg->lo * D, d_ext + (sg->kv_row + sg->win_halo) * D, sizeof(float) * (size_t)(sg->len * D));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < sg->len; i++) {
+      const int64_t *a = x_ext + (sg->kv_row + sg->win_halo + i) * 2 * D;
+      dsv4_xacc_store(dkv + (sg->lo + i) * D, a, a + D, D, 0);
+    }
   }
 fail:
   return rc;

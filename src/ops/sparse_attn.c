@@ -248,8 +248,10 @@ static void bwd_block(const dsv4_attn_args *a, const float *QO, const float *lse
 /* Key gradients are sums over queries, which the threads share out: each thread adds its queries'
  * terms into its own exact accumulator (util/xrows.h), merged after the loop, so d_ori_kv, d_cmp_kv
  * and d_sink are the same bits for every thread count and every split of the queries into calls
- * that add the same terms. Window rows are accumulated only over the range the queries touch. */
-dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
+ * that add the same terms. Window rows are accumulated only over the range the queries touch.
+ * x_ori / x_cmp (views, may be NULL): the caller's sums over several calls, left unrounded; the
+ * float outputs d_ori_kv / d_cmp_kv are then not written. */
+dsv4_status dsv4_sparse_attn_bwd_into(const dsv4_attn_bwd_args *b, dsv4_xrows *x_ori, dsv4_xrows *x_cmp) {
   dsv4_status rc = DSV4_OK;
   const dsv4_attn_args *a = &b->fwd;
   dsv4_workspace ws = {0};
@@ -258,15 +260,29 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
   const int H = a->H, D = a->D;
   const int64_t ncmax = dsv4_attn_max_cmp(a), nmax = (max_win(a) > ncmax ? max_win(a) : ncmax) + 1;
   const int64_t C = a->cmp_kv ? a->C : 0;
-  const int nt = dsv4_team(a->threads);
+  int nt = dsv4_team(a->threads);
+  if (x_ori) nt = nt < x_ori->nt ? nt : x_ori->nt;
+  if (x_cmp && C) nt = nt < x_cmp->nt ? nt : x_cmp->nt;
   int64_t w_lo = a->R, w_hi = 0;
   for (int64_t p = 0; p < a->S1; p++)
     if (a->win_len[p] > 0) {
       w_lo = a->win_start[p] < w_lo ? a->win_start[p] : w_lo;
       w_hi = a->win_start[p] + a->win_len[p] > w_hi ? a->win_start[p] + a->win_len[p] : w_hi;
     }
-  DSV4_TRY(dsv4_xrows_alloc(&xo, w_lo, w_hi - w_lo, D, nt, "sparse_attn backward"));
-  DSV4_TRY(dsv4_xrows_alloc(&xc, 0, C, D, nt, "sparse_attn backward"));
+  if (x_ori) {
+    DSV4_CHECK(x_ori->rows >= a->R && x_ori->w == D, DSV4_ERR_ARG, "sparse_attn backward: window sums of %lld rows",
+               (long long)x_ori->rows);
+    xo = *x_ori;
+  } else {
+    DSV4_TRY(dsv4_xrows_alloc(&xo, w_lo, w_hi - w_lo, D, nt, "sparse_attn backward"));
+  }
+  if (x_cmp && C) {
+    DSV4_CHECK(x_cmp->rows >= C && x_cmp->w == D, DSV4_ERR_ARG, "sparse_attn backward: compressed sums of %lld rows",
+               (long long)x_cmp->rows);
+    xc = *x_cmp;
+  } else {
+    DSV4_TRY(dsv4_xrows_alloc(&xc, 0, C, D, nt, "sparse_attn backward"));
+  }
   DSV4_TRY(dsv4_xrows_alloc(&xs, 0, 1, H, nt, "sparse_attn backward"));
   bwd_scratch sc;
   DSV4_TRY(dsv4_ws_alloc(&ws, bwd_carve(NULL, a, nmax, ncmax, &sc), nt, "sparse_attn backward"));
@@ -309,8 +325,10 @@ dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) {
     }
   }
   xo.bad = xc.bad = xs.bad = bad;
-  DSV4_TRY(dsv4_xrows_finish(&xo, b->d_ori_kv + w_lo * D, "sparse_attn backward"));
-  if (C) DSV4_TRY(dsv4_xrows_finish(&xc, b->d_cmp_kv, "sparse_attn backward"));
+  DSV4_CHECK(!bad, DSV4_ERR_ARG, "sparse_attn backward: a gradient term is not finite or not below 2^24 (the exact "
+             "sums' range)");
+  if (!x_ori) DSV4_TRY(dsv4_xrows_finish(&xo, b->d_ori_kv + w_lo * D, "sparse_attn backward"));
+  if (C && !x_cmp) DSV4_TRY(dsv4_xrows_finish(&xc, b->d_cmp_kv, "sparse_attn backward"));
   DSV4_TRY(dsv4_xrows_finish(&xs, b->d_sink, "sparse_attn backward"));
 fail:
   dsv4_ws_free(&ws);
@@ -319,3 +337,5 @@ fail:
   dsv4_xrows_free(&xs);
   return rc;
 }
+
+dsv4_status dsv4_sparse_attn_bwd(const dsv4_attn_bwd_args *b) { return dsv4_sparse_attn_bwd_into(b, NULL, NULL); }

@@ -5,6 +5,7 @@
 #define DSV4_SPARSE_ATTN_H
 
 #include "dsv4cp_ops.h"
+#include "util/xrows.h"
 
 /* Window keys only: out <- unnormalised sum_j e^{z_j - m_w} k_j, m_w = max_j z_j, l_w = sum e^{..}.
  * m_w, l_w: [S1, H]. cmp_* and sink are not read. */
@@ -15,5 +16,9 @@ dsv4_status dsv4_sparse_attn_window_progress(const dsv4_attn_args *a, float *m_w
                                              void (*progress)(void *), void *ctx);
 /* Compressed keys and sink, merged with the window phase's state; writes normalised out and lse. */
 dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, const float *l_w);
+
+/* The backward adding its window-row and compressed-row key gradients into the caller's exact sums
+ * (util/xrows.h views; NULL: written to d_ori_kv / d_cmp_kv as dsv4_sparse_attn_bwd does). */
+dsv4_status dsv4_sparse_attn_bwd_into(const dsv4_attn_bwd_args *b, dsv4_xrows *x_ori, dsv4_xrows *x_cmp);
 
 #endif

@@ -30,6 +30,7 @@ static dsv4_status plan_memory(const dsv4_config *cfg, int layer, const dsv4_pac
   DSV4_TRY(dsv4_config_layer(cfg, layer, &info));
   dsv4_dims dm;
   dsv4_dims_of(&dm, cfg, &info, &p, recompute, DSV4_IMPL_FAST);
+  dm.nt = opts && opts->threads > 1 ? opts->threads : 1; /* the exact sums' copies (arenas.h) */
   dsv4_core_saved cs;
   dsv4_layer_saved ls;
   DSV4_TRY(dsv4_weights_numel(cfg, layer, &nw));
@@ -42,7 +43,8 @@ static dsv4_status plan_memory(const dsv4_config *cfg, int layer, const dsv4_pac
   const uint64_t cmp_bytes = sizeof(float) * (uint64_t)dm.n_cmp *
                              (uint64_t)(dm.v4_keys || dm.v41_keys ? cfg->head_dim + cfg->index_head_dim : cfg->head_dim);
   out->replicated = dm.compresses ? cmp_bytes : 0;
-  if (dm.v41_keys) out->shared = 2 * cmp_bytes; /* the entry and the backward's sums */
+  /* the entry and the backward's sums (the kv rows' exact: 16 bytes per element, the keys' float) */
+  if (dm.v41_keys) out->shared = cmp_bytes + sizeof(float) * (uint64_t)dm.n_cmp * (4 * cfg->head_dim + cfg->index_head_dim);
   if (!dm.own_cmp && dm.selects) /* this rank's top-k (and candidate blocks) */
     out->shared += sizeof(int32_t) * (uint64_t)n *
                    (uint64_t)(cfg->index_topk + (info.candidate_source ? cfg->candidate_topk_blocks : 0));

@@ -37,8 +37,9 @@ fail:
 }
 
 /* One halo kind's rows (row_bytes each) into the forward kind and, mirrored, the backward kind. */
-static dsv4_status add_halo(const plan_ctx *p, dsv4_halo_kind kind, uint64_t row_bytes, int copies, dsv4_msg_kind fwd,
-                            dsv4_msg_kind bwd, dsv4_cp_stats *out) {
+/* row_bytes forward, bwd_bytes backward per row (the window halo's backward carries exact sums) */
+static dsv4_status add_halo(const plan_ctx *p, dsv4_halo_kind kind, uint64_t row_bytes, uint64_t bwd_bytes, int copies,
+                            dsv4_msg_kind fwd, dsv4_msg_kind bwd, dsv4_cp_stats *out) {
   dsv4_status rc = DSV4_OK;
   const int N = p->size;
   uint64_t *v = NULL;
@@ -48,7 +49,7 @@ static dsv4_status add_halo(const plan_ctx *p, dsv4_halo_kind kind, uint64_t row
   for (int q = 0; q < N; q++) {
     dsv4_cp_stats *s = &out[q];
     s->bytes_sent[fwd] += (uint64_t)copies * sent[q] * row_bytes, s->bytes_recv[fwd] += (uint64_t)copies * recv[q] * row_bytes;
-    s->bytes_sent[bwd] += (uint64_t)copies * recv[q] * row_bytes, s->bytes_recv[bwd] += (uint64_t)copies * sent[q] * row_bytes;
+    s->bytes_sent[bwd] += (uint64_t)copies * recv[q] * bwd_bytes, s->bytes_recv[bwd] += (uint64_t)copies * sent[q] * bwd_bytes;
     s->messages[fwd] += (uint64_t)copies * ms[q], s->messages[bwd] += (uint64_t)copies * mr[q];
   }
 fail:
@@ -72,16 +73,18 @@ static dsv4_status traffic_all(const dsv4_config *cfg, int layer, const dsv4_pac
   const int compresses = cfg->v41 ? in.role == DSV4_ROLE_FULL : r > 0, keys = r == 4 || (cfg->v41 && compresses);
   const uint64_t N1 = (uint64_t)(size - 1), f = sizeof(float), D = (uint64_t)cfg->head_dim;
   const uint64_t Di = (uint64_t)cfg->index_head_dim, c = r == 4 ? 2 : 1, zc = cfg->v41 && r == 1 ? 1 : 2;
-  DSV4_TRY(add_halo(&p, DSV4_HALO_WINDOW, D * f, 1, DSV4_MSG_WINDOW_HALO, DSV4_MSG_WINDOW_HALO_BWD, out));
+  /* the window rows' gradients travel as exact sums (util/xacc.h: two int64 per element) */
+  DSV4_TRY(add_halo(&p, DSV4_HALO_WINDOW, D * f, 2 * D * sizeof(int64_t), 1, DSV4_MSG_WINDOW_HALO,
+                    DSV4_MSG_WINDOW_HALO_BWD, out));
   if (compresses) { /* per compressor (dim D, and Di for r == 4): C and Z rows, half or all of c * dim */
-    DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_HALF, zc * (c * D / 2) * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+    DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_HALF, zc * (c * D / 2) * f, zc * (c * D / 2) * f, 1, DSV4_MSG_COMPRESSOR_HALO,
                       DSV4_MSG_COMPRESSOR_HALO_BWD, out));
-    DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_FULL, zc * c * D * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+    DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_FULL, zc * c * D * f, zc * c * D * f, 1, DSV4_MSG_COMPRESSOR_HALO,
                       DSV4_MSG_COMPRESSOR_HALO_BWD, out));
     if (r == 4) {
-      DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_HALF, 2 * Di * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+      DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_HALF, 2 * Di * f, 2 * Di * f, 1, DSV4_MSG_COMPRESSOR_HALO,
                         DSV4_MSG_COMPRESSOR_HALO_BWD, out));
-      DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_FULL, 2 * 2 * Di * f, 1, DSV4_MSG_COMPRESSOR_HALO,
+      DSV4_TRY(add_halo(&p, DSV4_HALO_CMP_FULL, 2 * 2 * Di * f, 2 * 2 * Di * f, 1, DSV4_MSG_COMPRESSOR_HALO,
                         DSV4_MSG_COMPRESSOR_HALO_BWD, out));
     }
   }
@@ -96,7 +99,9 @@ static dsv4_status traffic_all(const dsv4_config *cfg, int layer, const dsv4_pac
       const uint64_t blk = (uint64_t)p.lays[q].n_blk, dims = D + (keys ? Di : 0);
       const uint64_t ag = N1 * blk * dims * f;
       s->bytes_sent[DSV4_MSG_SLOT_ALLGATHER] = s->bytes_recv[DSV4_MSG_SLOT_ALLGATHER] = ag;
-      s->bytes_sent[DSV4_MSG_SLOT_REDUCE_SCATTER] = s->bytes_recv[DSV4_MSG_SLOT_REDUCE_SCATTER] = ag;
+      /* the kv rows' gradients as exact sums (two int64 per element), the keys' as floats */
+      const uint64_t rs = N1 * blk * (D * 2 * sizeof(int64_t) + (keys ? Di * f : 0));
+      s->bytes_sent[DSV4_MSG_SLOT_REDUCE_SCATTER] = s->bytes_recv[DSV4_MSG_SLOT_REDUCE_SCATTER] = rs;
       s->messages[DSV4_MSG_SLOT_ALLGATHER] = s->messages[DSV4_MSG_SLOT_REDUCE_SCATTER] = keys ? 2 : 1;
     }
     if (in.selects) { /* one (exact sum, count) record per rank, all-gathered */

@@ -27,22 +27,25 @@
 #define DSV4_XACC_IN 0x1p16f       /* t -> grid units of 2^-16 for hi */
 #define DSV4_XACC_LIMIT 0x1p40f    /* |t 2^16| < 2^40, i.e. |t| < 2^24 */
 
+/* One term. */
+static inline int dsv4_xacc_add1(int64_t *restrict hi, int64_t *restrict lo, float t) {
+  const int64_t mask = ((int64_t)1 << DSV4_XACC_LO_BITS) - 1;
+  const float u0 = t * DSV4_XACC_IN;
+  const int ok = fabsf(u0) < DSV4_XACC_LIMIT; /* false for NaN */
+  const float u = ok ? u0 : 0.0f;
+  const float a = __builtin_rintf(u);
+  const int64_t l = *lo + (int64_t)__builtin_rintf((u - a) * 0x1p56f);
+  const int64_t m = l & mask;
+  *lo = m;
+  *hi += (int64_t)a + ((l - m) >> DSV4_XACC_LO_BITS);
+  return !ok;
+}
+
 /* hi[e], lo[e] += t[e] for e < n. Returns nonzero when some term was non-finite or |t| >= 2^24
  * (that term is then not added). */
 static inline int dsv4_xacc_add(int64_t *restrict hi, int64_t *restrict lo, const float *restrict t, int64_t n) {
-  const int64_t mask = ((int64_t)1 << DSV4_XACC_LO_BITS) - 1;
   int bad = 0;
-  for (int64_t e = 0; e < n; e++) {
-    const float u0 = t[e] * DSV4_XACC_IN;
-    const int ok = fabsf(u0) < DSV4_XACC_LIMIT; /* false for NaN */
-    bad |= !ok;
-    const float u = ok ? u0 : 0.0f;
-    const float a = __builtin_rintf(u);
-    const int64_t l = lo[e] + (int64_t)__builtin_rintf((u - a) * 0x1p56f);
-    const int64_t m = l & mask;
-    lo[e] = m;
-    hi[e] += (int64_t)a + ((l - m) >> DSV4_XACC_LO_BITS);
-  }
+  for (int64_t e = 0; e < n; e++) bad |= dsv4_xacc_add1(hi + e, lo + e, t[e]);
   return bad;
 }
 
@@ -54,6 +57,16 @@ static inline void dsv4_xacc_merge(int64_t *restrict hi, int64_t *restrict lo, c
     const int64_t l = lo[e] + lo2[e], m = l & mask;
     lo[e] = m;
     hi[e] += hi2[e] + ((l - m) >> DSV4_XACC_LO_BITS);
+  }
+}
+
+/* After integer sums of several normalised rows (a reduce-scatter): lo back into [0, 2^56). */
+static inline void dsv4_xacc_normalize(int64_t *restrict hi, int64_t *restrict lo, int64_t n) {
+  const int64_t mask = ((int64_t)1 << DSV4_XACC_LO_BITS) - 1;
+  for (int64_t e = 0; e < n; e++) {
+    const int64_t m = lo[e] & mask;
+    hi[e] += (lo[e] - m) >> DSV4_XACC_LO_BITS;
+    lo[e] = m;
   }
 }
 

@@ -16,23 +16,30 @@ fail:
   return rc;
 }
 
-dsv4_status dsv4_xrows_finish(dsv4_xrows *x, float *out, const char *what) {
-  dsv4_status rc = DSV4_OK;
+void dsv4_xrows_merge(dsv4_xrows *x) {
   const int64_t w = x->w, per = x->rows * 2 * w;
-  DSV4_CHECK(!x->bad, DSV4_ERR_ARG,
-             "%s: a gradient term is not finite or not below 2^24 (the exact sums' range)", what);
+  if (x->nt < 2) return;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < x->rows; r++) {
     int64_t *a = x->base + r * 2 * w;
     for (int t = 1; t < x->nt; t++) dsv4_xacc_merge(a, a + w, a + t * per, a + t * per + w, w);
-    dsv4_xacc_store(out + r * w, a, a + w, w, 1);
   }
+}
+
+dsv4_status dsv4_xrows_finish(dsv4_xrows *x, float *out, const char *what) {
+  dsv4_status rc = DSV4_OK;
+  const int64_t w = x->w;
+  DSV4_CHECK(!x->bad, DSV4_ERR_ARG,
+             "%s: a gradient term is not finite or not below 2^24 (the exact sums' range)", what);
+  dsv4_xrows_merge(x);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < x->rows; r++) dsv4_xacc_store(out + r * w, x->base + r * 2 * w, x->base + r * 2 * w + w, w, 1);
 fail:
   dsv4_xrows_free(x);
   return rc;
 }
 
 void dsv4_xrows_free(dsv4_xrows *x) {
-  free(x->base);
+  if (!x->view) free(x->base);
   x->base = NULL;
 }

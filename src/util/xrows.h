@@ -24,7 +24,17 @@ typedef struct {
   int64_t w;         /* row width (floats) */
   int nt;
   int bad;           /* some term was non-finite or too large (set by the threads) */
+  int view;          /* the copies belong to the caller (dsv4_xrows_view): finish and free leave them */
 } dsv4_xrows;
+
+/* Caller-owned copies (nt copies of rows x 2 w int64, zeroed by the caller), e.g. sums that outlive
+ * one operator call (the layer backward's key gradients over all its chunks). */
+static inline dsv4_xrows dsv4_xrows_view(int64_t *base, int64_t rows, int64_t w, int nt) {
+  return (dsv4_xrows){.base = base, .r0 = 0, .rows = rows, .w = w, .nt = nt, .view = 1};
+}
+
+/* Merges every copy into copy 0 (exact; parallel over rows). Copy 0 then holds the sums. */
+void dsv4_xrows_merge(dsv4_xrows *x);
 
 /* Zeroed copies (calloc: pages are touched first by the thread that adds into them). */
 dsv4_status dsv4_xrows_alloc(dsv4_xrows *x, int64_t r0, int64_t rows, int64_t w, int nt, const char *what);
