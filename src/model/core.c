@@ -6,6 +6,7 @@
 #include "model/weights.h"
 #include "util/abi.h"
 #include "util/err.h"
+#include "util/gemm.h"
 #include "util/par.h"
 
 /* Hash of every config value the agreement compares (field by field: padding bytes are not data). */
@@ -139,6 +140,7 @@ dsv4_status dsv4_core_forward(dsv4_core *c, const dsv4_core_fwd_args *args) {
   a.pk = &pk;
   const int old = dsv4_threads_enter(c->threads);
   rc = core_forward(c, &a);
+  dsv4_panel_scratch_release();
   dsv4_threads_leave(old);
 fail:
   return rc;
@@ -152,6 +154,7 @@ dsv4_status dsv4_core_backward(dsv4_core *c, const dsv4_core_bwd_args *args) {
   DSV4_TRY(DSV4_STRUCT_IN(&a, args, dsv4_core_bwd_args, &defaults));
   const int old = dsv4_threads_enter(c->threads);
   rc = core_backward(c, &a);
+  dsv4_panel_scratch_release();
   dsv4_threads_leave(old);
 fail:
   return rc;

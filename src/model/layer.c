@@ -343,6 +343,7 @@ dsv4_status dsv4_layer_forward(dsv4_layer *l, const dsv4_layer_fwd_args *args) {
   DSV4_TRY(DSV4_STRUCT_IN(&pk, a.pk, dsv4_packing, NULL));
   const int old = dsv4_threads_enter(l->threads);
   rc = layer_forward(l, a.out, a.topk_ids, a.indexer_loss, a.x, a.n, &pk, a.train, a.shared);
+  dsv4_panel_scratch_release();
   dsv4_threads_leave(old);
 fail:
   return rc;
@@ -356,6 +357,7 @@ dsv4_status dsv4_layer_backward(dsv4_layer *l, const dsv4_layer_bwd_args *args) 
   DSV4_TRY(DSV4_STRUCT_IN(&a, args, dsv4_layer_bwd_args, &defaults));
   const int old = dsv4_threads_enter(l->threads);
   rc = layer_backward(l, a.dx, a.grads, a.dout, a.d_loss);
+  dsv4_panel_scratch_release();
   dsv4_threads_leave(old);
 fail:
   return rc;

@@ -204,10 +204,20 @@ fail:
   return rc;
 }
 
+/* A chunk takes local rows while their positions in their global panels (global index mod P) are
+ * all different: its rows then fill exactly one panel-shaped call of every row product (util/gemm.c
+ * groups partial panels at disjoint positions), so no chunk pays for a panel twice. A zigzag rank's
+ * two half panels at complementary positions are one chunk; an aligned shard's chunks are its
+ * panels. */
 int64_t dsv4_plan_chunk_end(const dsv4_plan *p, int64_t i0) {
-  const int64_t *g = p->global;
-  int64_t i = i0 + 1;
-  while (i < p->n && i - i0 < DSV4_CHUNK_ROWS && g[i] == g[i - 1] + 1 && g[i] % DSV4_CHUNK_ROWS != 0) i++;
+  const int64_t *g = p->global, P = p->panel;
+  uint64_t used[DSV4_CHUNK_ROWS / 64] = {0};
+  int64_t i = i0;
+  for (; i < p->n && i - i0 < DSV4_CHUNK_ROWS; i++) {
+    const int64_t pos = g[i] % P;
+    if (used[pos / 64] >> (pos % 64) & 1) break;
+    used[pos / 64] |= (uint64_t)1 << (pos % 64);
+  }
   return i;
 }
 

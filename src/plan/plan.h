@@ -141,10 +141,11 @@ typedef struct {
   size_t bytes;                       /* what the plan holds (halo plans and RoPE table included) */
 } dsv4_plan;
 
-/* Rows are processed in chunks of at most DSV4_CHUNK_ROWS local rows that never cross a global
- * multiple of it (so projection panels, whose size divides it, are never split) nor a segment
- * boundary. The backward always uses these chunks, with or without recomputation, so both give
- * the same bits; the forward may use any chunks (a row's forward result does not depend on them).
+/* Rows are processed in chunks of at most DSV4_CHUNK_ROWS local rows whose positions in their
+ * global projection panels (index mod panel) are all different, so each chunk is one panel-shaped
+ * call of every backward row product (dsv4_plan_chunk_end). The backward always uses these chunks,
+ * with or without recomputation, so both give the same bits; the forward may use any chunks (a
+ * row's forward result does not depend on them).
  * 512 rows, the largest projection panel: weight-gradient products with an inner dimension of 512
  * run as fast as whole ones (the BLAS blocks the inner dimension by a few hundred anyway), and
  * recomputation holds q, o and d o of one chunk (3 x 512 x 2 H D floats: 384 MiB at V4-Flash sizes)

@@ -129,13 +129,35 @@ static void proj_call_run(const proj_op *o, const int64_t *glob, int64_t P, cons
     for (int64_t r = start[order[q]]; r < start[order[q] + 1]; r++) put_row(o, r, ys + (glob[r] % P) * o->N);
 }
 
-/* Per-thread scratch of a partial panel: P rows of X (zero-padded) and of Y. */
-static size_t panel_carve(char *base, int64_t P, int64_t N, int64_t K, float **xs, float **ys) {
+/* Per-thread scratch of a panel call: P rows of X (zero-padded; only when some panel is partial)
+ * and of Y. */
+static size_t panel_carve(char *base, int64_t P, int64_t N, int64_t K, int partial, float **xs, float **ys) {
   dsv4_carver c = {base, 0};
-  *xs = dsv4_carve(&c, sizeof(float) * (size_t)(P * K));
+  *xs = partial ? dsv4_carve(&c, sizeof(float) * (size_t)(P * K)) : NULL;
   *ys = dsv4_carve(&c, sizeof(float) * (size_t)(P * N));
   return c.used;
 }
+
+/* The panel scratch stays with the calling thread between calls: a layer's forward and backward
+ * run these products dozens of times with the same shapes, and a fresh block per call (tens of MB
+ * for the backward's d qr product) would be faulted in and cleared by the kernel every time (10%
+ * of a zigzag backward at 1024 tokens). dsv4_panel_scratch_release gives it back (the layer's
+ * public calls do, on return). */
+static _Thread_local dsv4_workspace panel_cache;
+
+static dsv4_status panel_scratch(size_t per_thread, int nt, dsv4_workspace *ws) {
+  dsv4_status rc = DSV4_OK;
+  if (!panel_cache.base || panel_cache.per_thread < per_thread || panel_cache.nthreads < nt) {
+    const size_t keep = panel_cache.base && panel_cache.per_thread > per_thread ? panel_cache.per_thread : per_thread;
+    dsv4_ws_free(&panel_cache);
+    DSV4_TRY(dsv4_ws_alloc(&panel_cache, keep, nt, "projection"));
+  }
+  *ws = panel_cache;
+fail:
+  return rc;
+}
+
+void dsv4_panel_scratch_release(void) { dsv4_ws_free(&panel_cache); }
 
 /* Groups of partial runs, first fit over the last few groups (a shard has a handful of partial runs:
  * its ends, a zigzag chunk's ends). Positions in use are bits of a P-bit mask per group. */
@@ -210,20 +232,20 @@ static dsv4_status panel_rows(const proj_op *o, int64_t n, const int64_t *glob, 
    * depend neither on its position nor on the thread count (OpenBLAS's own threading splits a call
    * into thread-count-dependent sub-blocks). */
   const int nt = dsv4_nthreads();
-  int scratch = o->beta;
-  for (int64_t r = 0; r < runs; r++) scratch |= start[r + 1] - start[r] < P;
+  int partial = 0;
+  for (int64_t r = 0; r < runs; r++) partial |= start[r + 1] - start[r] < P;
+  const int scratch = o->beta || partial;
   float *xs = NULL, *ys = NULL;
-  DSV4_TRY(dsv4_ws_alloc(&ws, scratch ? panel_carve(NULL, P, o->N, o->K, &xs, &ys) : 0, nt, "projection"));
+  if (scratch) DSV4_TRY(panel_scratch(panel_carve(NULL, P, o->N, o->K, partial, &xs, &ys), nt, &ws));
 #pragma omp parallel num_threads(nt) private(xs, ys)
   {
     dsv4_blas_serial();
     xs = ys = NULL;
-    if (scratch) panel_carve(dsv4_ws_thread(&ws), P, o->N, o->K, &xs, &ys);
+    if (scratch) panel_carve(dsv4_ws_thread(&ws), P, o->N, o->K, partial, &xs, &ys);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t c = 0; c < ncalls; c++) proj_call_run(o, glob, P, start, order, &calls[c], xs, ys);
   }
 fail:
-  dsv4_ws_free(&ws);
   free(start);
   free(order);
   free(group_of);

@@ -59,6 +59,10 @@ dsv4_status dsv4_rows_nn(float *Y, int64_t ldy, const float *X, int64_t ldx, con
 void dsv4_wgrad_tn(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
                    float *C, int64_t ldc, dsv4_impl impl);
 
+/* Frees the calling thread's panel scratch, which dsv4_proj_rows / dsv4_rows_nn keep between calls
+ * (the layer's public calls release it on return). */
+void dsv4_panel_scratch_release(void);
+
 /* dsv4_blas_probe_invariance is public (dsv4cp.h). */
 
 #endif

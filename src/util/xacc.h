@@ -1,19 +1,21 @@
 /* xacc.h: exact, order-independent sums of float gradient terms (the bitwise-gradient contract).
  *
  * A float sum's bits depend on the order of its terms, so a key-gradient row summed over queries
- * changes with the thread that took each query. Here each term t is rounded ONCE to a fixed
- * absolute grid of 2^-72 and the grid units are added as integers, which is associative: the total
- * is the same whichever thread adds which terms in which order.
+ * changes with the thread (or rank) that took each query. Here each term t is rounded ONCE to a
+ * fixed absolute grid of 2^-66 and the grid units are added as integers, which is associative: the
+ * total is the same whichever thread or rank adds which terms in which order.
  *
- * Representation of one element: two int64, value = (hi 2^56 + lo) 2^-72 with lo kept in
- * [0, 2^56). A term splits as t 2^16 = a + b, a = rint(t 2^16) (an integer, exact in float) and
- * b = t 2^16 - a (exact, |b| <= 1/2); hi += a, lo += rint(b 2^56), and lo's carry moves into hi.
- * Every step is a plain vector operation (no 128-bit arithmetic in the loop).
+ * Representation of one element: two int64, value = (hi 2^50 + lo) 2^-66 with lo kept in
+ * [0, 2^50). A term splits as u = t 2^16 = a + b with a = rint(u) (an integer) and b = u - a
+ * (exact, |b| <= 1/2); hi += a, lo += rint(b 2^50), and lo's carry (-1, 0 or 1) moves into hi.
+ * Every step is exact IEEE double arithmetic (rint by the 1.5 2^52 trick, which rounds to nearest
+ * even as rint does), so the AVX2 path and the scalar one give the same bits.
  *
- * Range and precision: a term keeps all its 24 bits down to |t| = 2^-48 (smaller ones are rounded
+ * Range and precision: a term keeps all its 24 bits down to |t| = 2^-42 (smaller ones are rounded
  * to the grid, far below any float sum's own rounding); |t| must stay below 2^24 and an element may
- * take at most 2^23 terms (hi then stays below 2^63). A larger or non-finite term is not added
- * silently: the add returns nonzero and the caller reports an error.
+ * take at most 2^23 terms (hi then stays below 2^63); up to 2^12 rows may be summed by integer adds
+ * before a normalisation (lo below 2^62). A larger or non-finite term is not added silently: the
+ * add returns nonzero and the caller reports an error.
  *
  * Accumulators are arrays of rows of width w: element (r, e) has hi at acc[2 w r + e] and lo at
  * acc[2 w r + w + e] (one row's hi and lo are neighbours in memory). */
@@ -22,22 +24,34 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
-#define DSV4_XACC_LO_BITS 56
-#define DSV4_XACC_IN 0x1p16f       /* t -> grid units of 2^-16 for hi */
-#define DSV4_XACC_LIMIT 0x1p40f    /* |t 2^16| < 2^40, i.e. |t| < 2^24 */
+#define DSV4_XACC_LO_BITS 50
+#define DSV4_XACC_IN 0x1p16        /* t -> grid units of 2^-16 for hi */
+#define DSV4_XACC_LIMIT 0x1p40     /* |t 2^16| < 2^40, i.e. |t| < 2^24 */
+#define DSV4_XACC_MAGIC 0x1.8p52   /* x + MAGIC: x rounded to an integer in the low bits (|x| < 2^51) */
+
+static inline int64_t dsv4_xacc_bits(double x) {
+  int64_t b;
+  memcpy(&b, &x, sizeof b);
+  return b;
+}
 
 /* One term. */
 static inline int dsv4_xacc_add1(int64_t *restrict hi, int64_t *restrict lo, float t) {
-  const int64_t mask = ((int64_t)1 << DSV4_XACC_LO_BITS) - 1;
-  const float u0 = t * DSV4_XACC_IN;
-  const int ok = fabsf(u0) < DSV4_XACC_LIMIT; /* false for NaN */
-  const float u = ok ? u0 : 0.0f;
-  const float a = __builtin_rintf(u);
-  const int64_t l = *lo + (int64_t)__builtin_rintf((u - a) * 0x1p56f);
-  const int64_t m = l & mask;
-  *lo = m;
-  *hi += (int64_t)a + ((l - m) >> DSV4_XACC_LO_BITS);
+  const int64_t mask = ((int64_t)1 << DSV4_XACC_LO_BITS) - 1, mb = dsv4_xacc_bits(DSV4_XACC_MAGIC);
+  const double u0 = (double)t * DSV4_XACC_IN;
+  const int ok = fabs(u0) < DSV4_XACC_LIMIT; /* false for NaN */
+  const double u = ok ? u0 : 0.0;
+  const double ra = u + DSV4_XACC_MAGIC, a = ra - DSV4_XACC_MAGIC;
+  const double rb = (u - a) * 0x1p50 + DSV4_XACC_MAGIC;
+  const int64_t l = *lo + (dsv4_xacc_bits(rb) - mb);
+  const int64_t carry = (l > mask) - (l < 0);
+  *lo = l & mask;
+  *hi += (dsv4_xacc_bits(ra) - mb) + carry;
   return !ok;
 }
 
@@ -45,7 +59,33 @@ static inline int dsv4_xacc_add1(int64_t *restrict hi, int64_t *restrict lo, flo
  * (that term is then not added). */
 static inline int dsv4_xacc_add(int64_t *restrict hi, int64_t *restrict lo, const float *restrict t, int64_t n) {
   int bad = 0;
-  for (int64_t e = 0; e < n; e++) bad |= dsv4_xacc_add1(hi + e, lo + e, t[e]);
+  int64_t e = 0;
+#ifdef __AVX2__
+  const __m256d in = _mm256_set1_pd(DSV4_XACC_IN), lim = _mm256_set1_pd(DSV4_XACC_LIMIT);
+  const __m256d magic = _mm256_set1_pd(DSV4_XACC_MAGIC), s50 = _mm256_set1_pd(0x1p50);
+  const __m256d absmask = _mm256_castsi256_pd(_mm256_set1_epi64x(INT64_MAX));
+  const __m256i mb = _mm256_set1_epi64x(dsv4_xacc_bits(DSV4_XACC_MAGIC));
+  const __m256i mask = _mm256_set1_epi64x(((int64_t)1 << DSV4_XACC_LO_BITS) - 1), zero = _mm256_setzero_si256();
+  __m256d badv = _mm256_setzero_pd();
+  for (; e + 4 <= n; e += 4) {
+    const __m256d u0 = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(t + e)), in);
+    const __m256d ok = _mm256_cmp_pd(_mm256_and_pd(u0, absmask), lim, _CMP_LT_OQ); /* false for NaN */
+    badv = _mm256_or_pd(badv, _mm256_andnot_pd(ok, _mm256_castsi256_pd(_mm256_set1_epi64x(-1))));
+    const __m256d u = _mm256_and_pd(u0, ok);
+    const __m256d ra = _mm256_add_pd(u, magic), a = _mm256_sub_pd(ra, magic);
+    const __m256d rb = _mm256_add_pd(_mm256_mul_pd(_mm256_sub_pd(u, a), s50), magic);
+    const __m256i ia = _mm256_sub_epi64(_mm256_castpd_si256(ra), mb);
+    const __m256i l = _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(lo + e)),
+                                       _mm256_sub_epi64(_mm256_castpd_si256(rb), mb));
+    /* carry = (l > mask) - (l < 0): compare results are -1 / 0 */
+    const __m256i carry = _mm256_sub_epi64(_mm256_cmpgt_epi64(zero, l), _mm256_cmpgt_epi64(l, mask));
+    _mm256_storeu_si256((__m256i *)(lo + e), _mm256_and_si256(l, mask));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(hi + e));
+    _mm256_storeu_si256((__m256i *)(hi + e), _mm256_add_epi64(h, _mm256_add_epi64(ia, carry)));
+  }
+  bad = _mm256_movemask_pd(badv) != 0;
+#endif
+  for (; e < n; e++) bad |= dsv4_xacc_add1(hi + e, lo + e, t[e]);
   return bad;
 }
 
@@ -73,7 +113,7 @@ static inline void dsv4_xacc_normalize(int64_t *restrict hi, int64_t *restrict l
 /* The value of an element as a float. Deterministic in (hi, lo), and (hi, lo) is unique for a
  * value (lo normalised), so equal exact sums give equal floats. */
 static inline float dsv4_xacc_value(int64_t hi, int64_t lo) {
-  return (float)((double)hi * 0x1p-16 + (double)lo * 0x1p-72);
+  return (float)((double)hi * 0x1p-16 + (double)lo * 0x1p-66);
 }
 
 /* out[e] += value of element e (beta 1) or out[e] = value (beta 0). */

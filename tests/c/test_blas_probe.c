@@ -46,6 +46,7 @@ static void panels(void) {
   tu_check(memcmp(Y2, Y + 37 * N, sizeof(float) * (T - 37) * N) == 0,
            "proj_rows: a shard's rows are bitwise equal to the whole stream's");
   free(X), free(W), free(Y), free(Y2), free(R);
+  dsv4_panel_scratch_release();
 }
 
 /* Rows of several partial panels share one call when their positions in their panels do not overlap
@@ -93,6 +94,7 @@ static void panel_groups(void) {
     free(Ym);
   }
   free(X), free(W), free(Y), free(Xs), free(Ys);
+  dsv4_panel_scratch_release();
 }
 
 static void probe(void) {

@@ -65,6 +65,30 @@ static void order_independent(void) {
   free(t), free(ord);
 }
 
+/* The vector path of dsv4_xacc_add (AVX2 builds) gives the scalar reference's bits, bad terms
+ * included (refused by both wherever they fall in a vector), over rounds that make carries. */
+static void vector_is_scalar(void) {
+  enum { N = 1001 };
+  float *t = malloc(sizeof(float) * N);
+  int64_t *v = calloc(4 * N, sizeof(int64_t)), *s = v + 2 * N;
+  terms(t, N);
+  t[17] = NAN, t[500] = 0x1p30f, t[999] = -INFINITY, t[3] = -0x1p-60f, t[4] = 0x1p23f;
+  int bv = 0, bs = 0;
+  for (int rep = 0; rep < 5; rep++) {
+    bv |= dsv4_xacc_add(v, v + N, t, N);
+    for (int e = 0; e < N; e++) bs |= dsv4_xacc_add1(s + e, s + N + e, t[e]);
+  }
+  tu_check(bv && bs && !memcmp(v, s, sizeof(int64_t) * 2 * N),
+           "xacc: the %s add equals the scalar reference, bad terms refused by both",
+#ifdef __AVX2__
+           "AVX2"
+#else
+           "(this build: scalar)"
+#endif
+  );
+  free(t), free(v);
+}
+
 /* Terms out of range are refused (never added silently): NaN, infinities, |t| >= 2^24. */
 static void refuses_bad_terms(void) {
   static const float bad[] = {NAN, INFINITY, -INFINITY, 0x1p24f, -0x1p24f, 1e30f};
@@ -135,6 +159,7 @@ static void rows_nn_panels(void) {
   dsv4_threads_leave(old);
   tu_check(same, "rows_nn: shards [0,100) [100,300) [37,263) [299,300) on 2 threads: the whole stream's bits");
   free(X), free(W), free(Y0), free(Y), free(Ys), free(R);
+  dsv4_panel_scratch_release();
 }
 
 /* Weight gradients in shape-fixed blocks: 1 and 2 threads give the same bits, for both cut sides. */
@@ -162,6 +187,7 @@ static void wgrad_any_threads(void) {
 
 static const tu_test TESTS[] = {
   {"xacc", "order-independent", order_independent},
+  {"xacc", "vector-is-scalar", vector_is_scalar},
   {"xacc", "refuses-bad-terms", refuses_bad_terms},
   {"xacc", "rows-any-threads", rows_any_threads},
   {"backward", "rows-nn-panels", rows_nn_panels},
