@@ -324,7 +324,6 @@ dsv4_status dsv4_sparse_attn_bwd_into(const dsv4_attn_bwd_args *b, dsv4_xrows *x
         bad |= dsv4_xrows_add(&xc, sc.rows[0], dK, nc);
     }
   }
-  xo.bad = xc.bad = xs.bad = bad;
   DSV4_CHECK(!bad, DSV4_ERR_ARG, "sparse_attn backward: a gradient term is not finite or not below 2^24 (the exact "
              "sums' range)");
   if (!x_ori) DSV4_TRY(dsv4_xrows_finish(&xo, b->d_ori_kv + w_lo * D, "sparse_attn backward"));
