@@ -13,8 +13,8 @@ toy size, on two packed documents (the second one padded). The objective is
 
 Each rank holds its own T/N rows (dsv4cp.shard_rows says which); cu_seqlens and seqlens_real
 describe the whole stream on every rank. The squared error is summed exactly over all rows in row
-order, so step 1 prints the same bits for every N (the forward is bitwise rank-invariant); the
-weight gradients are rank-partial sums whose order depends on N, so later steps agree to about 1e-6.
+order, so every step prints the same bits for every N: the forward is bitwise rank-invariant and
+the weight gradients come back summed over the ranks as exact sums, the same bits for every N.
 """
 import argparse
 import math
@@ -67,8 +67,8 @@ def main():
         out, topk_ids, indexer_loss = attn(x, cu_seqlens=cu, seqlens_real=real)
         sq = 0.5 * ((out.double() - y.double()) ** 2).sum(dim=1) / (T * d)     # per local row
         local = sq.sum() + (indexer_loss if indexer_loss is not None else 0)   # this rank's part
-        local.backward()                     # x.grad: this rank's rows; weight grads: rank-partial
-        dsv4cp.allreduce_grads(attn)         # every rank now holds the full gradients
+        local.backward()                     # x.grad: this rank's rows; weight grads: summed over
+                                             # the ranks (the same bits for every rank count)
         # the loss over all rows, summed exactly in row order (same bits for every rank count)
         terms = [(rows.tolist(), sq.detach().tolist())]
         if comm is not None:

@@ -294,7 +294,8 @@ typedef struct {
   float *dq;                /* [n, H, D] overwritten; may alias d_o (saves n H D floats) */
   float *dkv;               /* [n, D] overwritten */
   float *dx;                /* [n, d] accumulated (main compressor path; the indexer is detached) */
-  dsv4_weights *grads;      /* accumulated: attn_sink, compressor.*, indexer.* (per-rank partial) */
+  dsv4_weights *grads;      /* accumulated: attn_sink, compressor.*, indexer.* (summed over the CP
+                               group: every rank gets the total, the same bits for every N) */
   const float *d_o;         /* [n, H, D] */
   float d_loss;             /* d objective / d indexer_loss (1 for sum(out * dout) + indexer_loss) */
 } dsv4_core_bwd_args;
@@ -355,7 +356,11 @@ typedef struct {
 typedef struct {
   DSV4_STRUCT_HEAD;
   float *dx;                /* [n, d] out, overwritten (zero on padding rows) */
-  dsv4_weights *grads;      /* accumulated (per-rank partial sums under CP; see dsv4_cp_allreduce_grads) */
+  dsv4_weights *grads;      /* accumulated: grads += the gradients summed over the CP group (every
+                               rank gets the total, the same bits for every N, split and thread
+                               count: the backward is collective; it consumes the forward's saved
+                               state, so one backward per training forward; after a failed
+                               backward the gradient set's contents are unspecified) */
   const float *dout;        /* [n, d] */
   float d_loss;             /* d objective / d indexer_loss (default 1) */
 } dsv4_layer_bwd_args;
@@ -485,7 +490,8 @@ DSV4_API dsv4_status dsv4_cp_shard_rows(const dsv4_packing *pk, const dsv4_cp_co
  * CP over a one-rank communicator). The core keeps its weights; comm must outlive the core; cfg
  * may be NULL (DSV4_CP_CONFIG_INIT's values). Forgets a pending training forward. */
 DSV4_API dsv4_status dsv4_cp_patch(dsv4_core *core, dsv4_comm *comm, const dsv4_cp_config *cfg);
-/* Collective. Sums per-rank partial weight gradients over the CP group (every rank gets the total). */
+/* Kept for callers written before the exact gradient sums: the backwards now return gradients summed over the
+ * CP group (exactly, so the same bits for every N), so this checks its arguments and does nothing. */
 DSV4_API dsv4_status dsv4_cp_allreduce_grads(dsv4_comm *comm, dsv4_weights *grads);
 /* Communication counters of a core since dsv4_cp_patch or dsv4_cp_stats_reset (all zero on one
  * rank); st->struct_size must be set (DSV4_CP_STATS_INIT). */

@@ -6,9 +6,8 @@ every tensor: out, topk_ids, indexer_loss, dx and every weight gradient. Cases: 
 CSA, HCA), an unpadded packing whose documents straddle the ranks, and a V4.1 range (a kv source,
 its readers, r = 1 and r = 2).
 
-Across CP degrees (N = 2, 3, both splits; 4 and 8 on the unpadded packing) out, topk_ids, indexer_loss and dx are byte for byte the
-N = 1 run's; the weight gradients are not yet (they differ by rounding, within tolerance): the note
-printed per case counts them."""
+Across CP degrees (N = 2, 3, both splits; 4 and 8 on the unpadded packing) every tensor, the
+rank-summed weight gradients included, is byte for byte the N = 1 run's."""
 import argparse
 import itertools
 import os
@@ -52,7 +51,7 @@ def run_one(build, base_args, n, split, threads, recompute, out):
 
 def matrix(build, name, base_args, configs, tmp):
     """Per (N, split): every (threads, recompute) variant byte for byte the (1 thread, default)
-    run. Returns the N = 1 outputs and each configuration's baseline for the cross-N note."""
+    run; then every (N, split) baseline byte for byte N = 1's."""
     base = {}
     for n, split in configs:
         ref = None
@@ -76,12 +75,8 @@ def matrix(build, name, base_args, configs, tmp):
             if n == 1:
                 continue
             diff = same_bytes(one, got)
-            wgrads = [k for k in diff if k.startswith("grad.")]
-            other = [k for k in diff if not k.startswith("grad.")]
-            T.check(not other, f"determinism: {name} N={n} {split}: forward, top-k, losses and dx byte for byte N=1's",
-                    "differ: " + " ".join(other[:6]))
-            print(f"note: {name} N={n} {split}: {len(wgrads)} weight gradients differ from N=1 (not yet bitwise "
-                  f"across N)")
+            T.check(not diff, f"determinism: {name} N={n} {split}: every tensor (forward, top-k, losses, dx, weight "
+                              f"gradients) byte for byte N=1's", "differ: " + " ".join(diff[:6]))
 
 
 def main():

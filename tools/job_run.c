@@ -130,8 +130,7 @@ void job_execute(cli_ctx *c, job *j, int cp, job_path path, job_result *r, dsv4_
                                       .dout = j->ldout[i], .d_loss = 1.0f};
       if (cli_lib(c, dsv4_layer_backward(l[i], &ba))) goto done;
     }
-    for (int i = 0; i < nl && use_cp; i++)
-      if (cli_lib(c, dsv4_cp_allreduce_grads(comm, r[i].grads))) goto done;
+    /* the gradients come back summed over the ranks (the backward is collective) */
     bwd = MPI_Wtime() - t0;
   }
   double times[2] = {fwd, bwd};

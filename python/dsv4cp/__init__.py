@@ -7,7 +7,7 @@ two-stage context parallelism. SPEC sections 9 and 10.
     attn.load_weights("model.safetensors.index.json")          # or load_state_dict(short names)
     out, topk_ids, indexer_loss = attn(x, cu_seqlens, seqlens_real)
     ((out * dout).sum() + indexer_loss).backward()             # x.grad, every parameter's .grad
-    dsv4cp.allreduce_grads(attn)                               # under CP: sum the ranks' partial grads
+                                                               # (under CP: summed over the ranks)
 
     # DeepSeek V4.1: layers of a source group share one state per forward pass
     state = dsv4cp.Shared()

@@ -216,7 +216,7 @@ class _LayerFunction(torch.autograd.Function):
         x = ctx.saved_tensors[0]
         if ctx.shared is not None and (attn._full or attn._reader):
             ctx.shared._before_backward(attn)
-        dx, grads = attn._backward_c(ctx.generation, ctx.meta, x, dout, dloss)
+        dx, grads = attn._backward_c(ctx.generation, ctx.meta, x, dout, dloss, ctx.shared)
         return (None, None, None, dx, None) + tuple(grads)
 
 
@@ -253,6 +253,7 @@ class Attention(torch.nn.Module):
         self._mpi = None
         self._comm = None
         self._generation = 0
+        self._spent = None      # the generation whose backward ran (it consumed the saved state)
         self._live = None          # generation whose activations the C layer holds, or None
         self._lock = threading.Lock()   # one call at a time: the C layer keeps one forward's state
         err = None
@@ -513,9 +514,11 @@ class Attention(torch.nn.Module):
             return AttentionOutput(out, None, None)
         return AttentionOutput(out, topk, loss)
 
-    def _forward_c(self, x, meta, train, shared=None):
-        self._generation += 1
-        self._live = None
+    def _forward_c(self, x, meta, train, shared=None, again=False):
+        """again: the latest training forward once more (its backward consumed the saved state)."""
+        if not again:
+            self._generation += 1
+            self._live = None
         sel = self.selects
         out = torch.empty(meta.x_shape, dtype=torch.float32)
         topk = torch.empty((meta.n_local, self.index_topk) if sel else (0,), dtype=torch.int32)
@@ -525,21 +528,29 @@ class Attention(torch.nn.Module):
                     pk=ctypes.cast(ctypes.byref(meta.pk), ctypes.c_void_p), train=int(train),
                     shared=shared.handle if shared is not None else None)
         check(lib.dsv4_layer_forward(self._layer.handle, ctypes.byref(args)))
-        if train:
+        if train and not again:
             self._live = self._generation
         return out, topk, loss
 
-    def _backward_c(self, generation, meta, x, dout, dloss):
+    def _backward_c(self, generation, meta, x, dout, dloss, shared=None):
         with self._lock:   # a forward on another thread must not replace the state between check and call
-            return self._backward_locked(generation, meta, x, dout, dloss)
+            return self._backward_locked(generation, meta, x, dout, dloss, shared)
 
-    def _backward_locked(self, generation, meta, x, dout, dloss):
+    def _backward_locked(self, generation, meta, x, dout, dloss, shared):
         err = None
+        again = self._spent == generation   # a second backward (retain_graph) of one forward
         if self._live != generation:
             err = RuntimeError("dsv4cp.Attention: this backward belongs to an earlier forward of the same "
                                "module; the layer keeps the activations of its latest training forward only "
                                "(run the forward again, or use one module per call)")
+        elif again and shared is not None:
+            err = RuntimeError("dsv4cp.Attention: a second backward of one forward (retain_graph) is not "
+                               "supported for a layer of a V4.1 shared pass: run the pass's forward again")
         _agree(self._mpi, err)
+        if again:
+            # the library's backward consumes the forward's saved state (it keeps the weight products'
+            # rows there): the same training forward again rebuilds it, bitwise
+            self._forward_c(x, meta, train=True, again=True)
         n, d = meta.n_local, self.dim
         g = torch.zeros((n, d), dtype=torch.float32) if dout is None else dout.to(torch.float32).contiguous()
         d_loss = 0.0 if dloss is None else float(dloss)
@@ -549,32 +560,18 @@ class Attention(torch.nn.Module):
         grads = _Owned(w, lib.dsv4_weights_free)
         args = make(LayerBwdArgs, dx=_ptr(dx), grads=w, dout=_ptr(g), d_loss=d_loss)
         check(lib.dsv4_layer_backward(self._layer.handle, ctypes.byref(args)))
+        self._spent = generation
         return dx, [_float_view(grads, ptr, numel, shape) for _, ptr, shape, numel in _weights_tensors(grads)]
 
 
 # ---- module-level functions ------------------------------------------------------------------------
 
 def allreduce_grads(attn):
-    """Under CP: sums the rank-partial weight gradients of attn's parameters over its communicator
-    (every rank gets the total, dsv4_cp_allreduce_grads). dx needs no reduction. No-op at CP = 1.
-    Collective."""
-    if attn._comm is None:
-        return
-    w = ctypes.c_void_p()
-    check(lib.dsv4_weights_create(ctypes.byref(w), attn._cfg, attn.layer))
-    owner = _Owned(w, lib.dsv4_weights_free)
-    views = [_float_view(owner, ptr, numel, shape) for _, ptr, shape, numel in _weights_tensors(owner)]
-    with torch.no_grad():
-        for p, v in zip(attn._params, views):
-            if p.grad is not None:
-                v.copy_(p.grad)
-    check(lib.dsv4_cp_allreduce_grads(attn._comm.handle, w))
-    with torch.no_grad():
-        for p, v in zip(attn._params, views):
-            if p.grad is not None:
-                p.grad.copy_(v)
-            elif p.requires_grad:
-                p.grad = v
+    """Kept for scripts written before the exact gradient sums: the backward already gives every
+    rank the weight gradients summed over the CP group (the same bits for every CP degree), so this
+    does nothing (summing again would count each rank's share N times)."""
+    if not isinstance(attn, Attention):
+        raise TypeError("allreduce_grads: expected a dsv4cp.Attention")
 
 
 def shard_rows(T, rank, size, split="contiguous", batch=None):

@@ -1,5 +1,5 @@
 /* patch.c: dsv4_cp_patch (a core runs its stages over another communicator), the weight-gradient
- * all-reduce, and the message counters of a core. The core's algorithm is one for one rank and N:
+ * all-reduce (now done by the backward itself), and the message counters of a core. The core's algorithm is one for one rank and N:
  * patching only replaces the communicator it runs its messages on and the split it plans with. */
 #include <string.h>
 
@@ -31,10 +31,9 @@ fail:
 
 dsv4_status dsv4_cp_allreduce_grads(dsv4_comm *comm, dsv4_weights *grads) {
   dsv4_status rc = DSV4_OK;
+  /* the backward already summed them over the group, exactly (model/wgrad.h): another sum would
+   * count every rank's share N times */
   DSV4_CHECK(comm && grads, DSV4_ERR_ARG, "cp_allreduce_grads: comm and grads are required");
-  int64_t n = 0;
-  float *block = dsv4_weights_block(grads, &n);
-  DSV4_TRY(dsv4_comm_allreduce(comm, block, (size_t)n, DSV4_RED_F32, DSV4_RED_SUM));
 fail:
   return rc;
 }

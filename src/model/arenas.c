@@ -110,9 +110,9 @@ size_t dsv4_carve_core_bwd(char *base, const dsv4_dims *m, dsv4_core_bwd_scratch
     s->d_cmp = dsv4_carve(&c, F(m->n_cmp * m->D));
   }
   if (m->compresses) {
-    s->x_all = dsv4_carve(&c, X * (size_t)m->n_blk_all);
-    s->x_blk = dsv4_carve(&c, X * (size_t)m->n_blk);
-    s->d_all = dsv4_carve(&c, F(m->n_blk_all * dim));
+    const size_t Xk = 2 * sizeof(int64_t) * (size_t)dim; /* an exact row of the kv or the keys */
+    s->x_all = dsv4_carve(&c, Xk * (size_t)m->n_blk_all);
+    s->x_blk = dsv4_carve(&c, Xk * (size_t)m->n_blk);
     s->d_blk = dsv4_carve(&c, F(m->n_blk * dim));
     s->dC = dsv4_carve(&c, F(m->R_c * cdim));
     if (m->gate) s->dZ = dsv4_carve(&c, F(m->R_c * cdim));

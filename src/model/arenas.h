@@ -91,10 +91,11 @@ typedef struct {
 
 /* x_ext, x_cmp: the exact sums (util/xacc.h) of the window rows' and compressed rows' gradients over
  * all chunks, nt copies of [R_kv | n_cmp] x 2 D int64; x_all, x_blk: the exact reduce-scatter's
- * [n_blk_all | n_blk] x 2 D. d_ext, d_cmp: the naive path's float sums (then added to x_*). */
+ * [n_blk_all | n_blk] x 2 max(D, Di) (the kv rows, or the indexer keys). d_ext, d_cmp: the naive
+ * path's float sums (then added to x_*). */
 typedef struct {
   int64_t *x_ext, *x_cmp, *x_all, *x_blk;
-  float *d_ext, *d_cmp, *d_KI, *d_all, *d_blk, *dC, *dZ, *d_qI, *d_wI;
+  float *d_ext, *d_cmp, *d_KI, *d_blk, *dC, *dZ, *d_qI, *d_wI;
   float *rc_lse, *rc_scores, *qI, *wI; /* recomputation: a chunk's lse, logits, indexer queries */
   int64_t rc_stride;                    /* floats per query in rc_scores */
 } dsv4_core_bwd_scratch;

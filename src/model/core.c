@@ -112,6 +112,7 @@ fail:
 
 static dsv4_status core_backward(dsv4_core *c, const dsv4_core_bwd_args *a) {
   dsv4_status rc = DSV4_OK;
+  int begun = 0;
   const dsv4_core_run *st = &c->run;
   const int64_t HD = (int64_t)c->cfg.n_heads * c->cfg.head_dim;
   DSV4_CHECK(st->valid, DSV4_ERR_STATE, "core backward called without a training forward (train = 1)");
@@ -121,12 +122,16 @@ static dsv4_status core_backward(dsv4_core *c, const dsv4_core_bwd_args *a) {
   DSV4_CHECK(st->q && st->o, DSV4_ERR_STATE,
              "core backward: the forward kept no q and o (recomputation is driven by dsv4_layer_backward)");
   DSV4_TRY(dsv4_core_bwd_begin(c, a->grads, a->d_loss));
+  begun = 1;
   for (int64_t k = 0; k < c->plan.n_chunk; k++) {
     const int64_t i0 = c->plan.chunk[k], m = c->plan.chunk[k + 1] - i0;
     DSV4_TRY(dsv4_core_bwd_rows(c, i0, m, st->q + i0 * HD, st->o + i0 * HD, a->d_o + i0 * HD, a->dq + i0 * HD));
   }
   DSV4_TRY(dsv4_core_bwd_end(c, a->dkv, a->dx));
+  begun = 0;
+  DSV4_TRY(dsv4_core_bwd_finish(c));
 fail:
+  if (begun) dsv4_core_bwd_abort(c);
   return rc;
 }
 

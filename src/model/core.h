@@ -19,6 +19,7 @@
 #include "cp/exchange.h"
 #include "model/arenas.h"
 #include "model/shared.h"
+#include "model/wgrad.h"
 #include "ops/kernels.h"
 #include "plan/plan.h"
 #include "util/xrows.h"
@@ -52,6 +53,12 @@ typedef struct {
   int64_t kl_valid;          /* local queries with a KL term */
   int64_t n_valid;           /* KL valid tokens over all ranks */
   dsv4_weights *grads;       /* backward: accumulated into */
+  dsv4_wsinks sinks;         /* backward: exact sums of the gradients summed over calls (model/wgrad.h) */
+  dsv4_wsink *d_KI_sum;      /* backward: the indexer keys' gradients, exact (a local sink) */
+  int keep_rows;             /* backward with recomputation: keep the indexer queries' gradient rows
+                                (kqI, kwI) for their weight products at the end, instead of sinks */
+  float *kqI, *kwI;
+  char sink_what[32];
   float d_loss;
   /* what the stages read and write: the core's own arenas (V4) or the shared state (V4.1) */
   float *cmp, *KI;           /* [n_cmp, D], [n_cmp, Di] the global compressed kv and indexer keys */
@@ -113,6 +120,11 @@ dsv4_status dsv4_core_fwd_end(dsv4_core *c, float *loss, int train);
  * dq [n, H, D] overwritten, may alias d_o; KL backward); then end (halo gradients home,
  * compressors; dkv [n_local, D] overwritten, dx [n_local, d] accumulated). */
 dsv4_status dsv4_core_bwd_begin(dsv4_core *c, dsv4_weights *grads, float d_loss);
+/* Collective, after dsv4_core_bwd_end (and the caller's own sink additions): the gradient sinks
+ * summed over ranks and stored (grads are then the rank-summed gradients). */
+dsv4_status dsv4_core_bwd_finish(dsv4_core *c);
+/* An abandoned backward: sinks dropped, every gradient back to its value at dsv4_core_bwd_begin. */
+void dsv4_core_bwd_abort(dsv4_core *c);
 dsv4_status dsv4_core_bwd_recompute(dsv4_core *c, int64_t i0, int64_t n, const float *q, float *o);
 dsv4_status dsv4_core_bwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float *q, const float *o,
                                const float *d_o, float *dq);
@@ -141,21 +153,21 @@ dsv4_status dsv4_stage1_finish(const dsv4_stage_env *e, int which, const float *
 /* Backward of one compressor from this rank's d out [n_cmp, dim]: scatter through the gather index,
  * reduce-scatter to the owners, compressor backward, halo gradients back to the ranks that sent
  * the rows, weight gradients (accumulated into grads) and, when dx is not NULL, dx += dC Wkv + dZ
- * Wgate. d out is either floats (d_out) or exact sums (x_out [n_cmp, 2 dim], util/xacc.h: then the
- * reduce-scatter is exact, through x_all and x_blk, and d_blk the owners' sums rounded once, the
- * same bits for every N). d_all, d_blk, dC, dZ, x_all, x_blk: scratch of the sizes of arenas.h.
- * keys_bwd: the V4.1 keys' backward from d KI [n_cmp, Di] (to the owners, k_norm, indexer.wk;
- * nothing to the latent: detached). */
+ * Wgate. d out is exact sums (x_out [n_cmp, 2 dim], util/xacc.h): the reduce-scatter is exact,
+ * through x_all and x_blk, and d_blk the owners' sums rounded once, the same bits for every N.
+ * d_blk, dC, dZ, x_all, x_blk: scratch of the sizes of arenas.h.
+ * Weight gradients over global panels, collective (model/wgrad.h).
+ * keys_bwd: the V4.1 keys' backward from the exact sums of d KI [n_cmp, 2 Di] (to the owners,
+ * k_norm's terms into the sinks ks, indexer.wk; nothing to the latent: detached). */
 typedef struct {
-  const float *d_out;
-  const int64_t *x_out;
+  const int64_t *x_out; /* NULL only when there are no compressed entries */
   int64_t *x_all, *x_blk;
 } dsv4_stage1_grad;
 dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const dsv4_stage1_grad *g, const float *x,
-                                 const float *C, const float *Z, float *d_all, float *d_blk, float *dC, float *dZ,
+                                 const float *C, const float *Z, float *d_blk, float *dC, float *dZ,
                                  dsv4_weights *grads, float *dx);
-dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const float *d_KI, const float *latent, float *kpre,
-                                 float *d_all, float *d_blk, dsv4_weights *grads);
+dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const int64_t *x_KI, const float *latent, float *kpre,
+                                 int64_t *x_all, int64_t *x_blk, float *d_blk, dsv4_wsinks *ks, dsv4_weights *grads);
 
 /* window.c. The window halo: kv_ext's own rows copied from kv [n, D], its halo rows from the left
  * neighbours. Backward, over the exact sums x_ext [R_kv, 2 D] (util/xacc.h): the halo rows go to
@@ -175,7 +187,11 @@ dsv4_status dsv4_select_topk(const dsv4_stage_env *e, int64_t i0, int64_t n, con
                              const float *KI, int32_t *topk, float *scores, const int32_t *cand_in,
                              int32_t *cand_out);
 dsv4_status dsv4_select_queries_bwd(const dsv4_stage_env *e, int64_t i0, int64_t n, float *d_qI, float *d_w,
-                                    const float *qr, const float *x, dsv4_weights *grads);
+                                    const float *qr, const float *x, dsv4_weights *grads, dsv4_wsinks *ks,
+                                    float *keep_qI, float *keep_wI);
+/* Collective: the indexer query projections' gradients over every local row's kept d qI, d w. */
+dsv4_status dsv4_select_wgrad(const dsv4_stage_env *e, const float *d_qI, const float *d_w, const float *qr,
+                              const float *x, dsv4_weights *grads);
 
 /* attend.c. The attention arguments of local rows [i0, i0 + n): queries q, output o, lse, the window
  * rows of ori_kv ([R_kv, D]: kv_ext, or kv when there is no halo) and, when cmp is not NULL, the

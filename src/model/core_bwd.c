@@ -10,6 +10,8 @@
  * shared state; the source's backward, which must come after every consumer's, runs Stage 1's
  * backward once on the sums (connect_sums checks the order). */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core.h"
@@ -50,6 +52,9 @@ fail:
   return rc;
 }
 
+static dsv4_status begin_sinks(dsv4_core *c);
+static void free_kept(dsv4_core_run *st);
+
 dsv4_status dsv4_core_bwd_begin(dsv4_core *c, dsv4_weights *grads, float d_loss) {
   dsv4_status rc = DSV4_OK;
   dsv4_core_run *st = &c->run;
@@ -71,8 +76,69 @@ dsv4_status dsv4_core_bwd_begin(dsv4_core *c, dsv4_weights *grads, float d_loss)
     st->d_KI = st->bs.d_KI;
     if (dm->v4_keys) memset(st->d_KI, 0, sizeof(float) * (size_t)(dm->n_cmp * dm->Di));
   }
+  DSV4_TRY(begin_sinks(c));
 fail:
   return rc;
+}
+
+/* The gradients summed over calls, kept exact until dsv4_core_bwd_finish (model/wgrad.h): the
+ * vector ones every operator adds into, the indexer keys' gradients (a local sum, read by Stage 1's
+ * backward), and with recomputation the indexer queries' projections (their rows are not kept). */
+static dsv4_status begin_sinks(dsv4_core *c) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_core_run *st = &c->run;
+  const dsv4_dims *dm = &st->dm;
+  const dsv4_config *cf = &c->cfg;
+  dsv4_weights *g = st->grads;
+  dsv4_wsinks *ks = &st->sinks;
+  const int64_t D = cf->head_dim, Di = cf->index_head_dim, H = cf->n_heads;
+  snprintf(st->sink_what, sizeof st->sink_what, "layer %d backward", c->layer);
+  dsv4_wsinks_begin(ks, c->impl, st->sink_what);
+  DSV4_TRY(dsv4_wsinks_add(ks, dsv4_w(g, W_SINK), H, H, NULL, 0));
+  if (dm->compresses) {
+    const int64_t cD = (c->ratio == 4 ? 2 : 1) * D;
+    if (!cf->v41) DSV4_TRY(dsv4_wsinks_add(ks, dsv4_w(g, W_C_APE), c->ratio * cD, D, NULL, 0));
+    DSV4_TRY(dsv4_wsinks_add(ks, dsv4_w(g, W_C_NORM), D, D, NULL, 0));
+  }
+  if (dm->v4_keys) {
+    DSV4_TRY(dsv4_wsinks_add(ks, dsv4_w(g, W_I_APE), 4 * 2 * Di, Di, NULL, 0));
+    DSV4_TRY(dsv4_wsinks_add(ks, dsv4_w(g, W_I_NORM), Di, Di, NULL, 0));
+  }
+  if (dm->v41_keys) DSV4_TRY(dsv4_wsinks_add(ks, dsv4_w(g, W_I_KNORM), Di, Di, NULL, 0));
+  st->d_KI_sum = NULL;
+  if (st->d_KI && (dm->v4_keys || dm->v41_keys || dm->selects)) {
+    DSV4_TRY(dsv4_wsinks_add(ks, st->d_KI, dm->n_cmp * Di, Di, st->kv_e ? st->kv_e->x_KI : NULL, 1));
+    st->d_KI_sum = dsv4_wsinks_of(ks, st->d_KI);
+  }
+  if (dm->selects && c->recompute && st->keep_rows) {
+    DSV4_ALLOC(st->kqI, dm->n * (int64_t)cf->index_n_heads * Di);
+    DSV4_ALLOC(st->kwI, dm->n * (int64_t)cf->index_n_heads);
+  }
+  if (dm->selects && c->recompute && !st->keep_rows) {
+    const int64_t Hi = cf->index_n_heads, P = c->plan.panel, T = c->plan.key.T;
+    const dsv4_wshape sq = {(int64_t)Hi * Di, cf->q_lora_rank, P, T}, sw = {Hi, cf->dim, P, T};
+    DSV4_TRY(dsv4_wsinks_add_product(ks, dsv4_w(g, W_I_WQ_B), &sq));
+    DSV4_TRY(dsv4_wsinks_add_product(ks, dsv4_w(g, W_I_PROJ), &sw));
+  }
+fail:
+  if (rc != DSV4_OK) dsv4_wsinks_drop(ks), free_kept(st);
+  return rc;
+}
+
+static void free_kept(dsv4_core_run *st) {
+  free(st->kqI), free(st->kwI);
+  st->kqI = st->kwI = NULL;
+  st->keep_rows = 0;
+}
+
+dsv4_status dsv4_core_bwd_finish(dsv4_core *c) {
+  free_kept(&c->run);
+  return dsv4_wsinks_finish(&c->run.sinks, c->xfer.comm);
+}
+
+void dsv4_core_bwd_abort(dsv4_core *c) {
+  free_kept(&c->run);
+  dsv4_wsinks_drop(&c->run.sinks);
 }
 
 /* The chunk's attention output from its queries, with the forward's kernels on the forward's saved
@@ -124,7 +190,10 @@ dsv4_status dsv4_core_bwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
     const dsv4_loss_in in = {.q = q, .cmp = st->cmp, .qI = qI, .wI = wI, .KI = st->KI, .teacher = st->sv.teacher,
                              .scores = st->sv.scores, .topk = st->topk, .kl_rows = st->sv.kl_rows};
     DSV4_TRY(dsv4_loss_bwd_rows(&e, i0, n, &in, (float)gs, st->bs.d_qI, st->bs.d_wI, st->d_KI));
-    DSV4_TRY(dsv4_select_queries_bwd(&e, i0, n, st->bs.d_qI, st->bs.d_wI, st->qr, st->x, st->grads));
+    /* default mode: the saved queries' rows (dead after this chunk) keep d qI, d w for the end */
+    float *kq = c->recompute ? st->kqI : st->sv.qI, *kw = c->recompute ? st->kwI : st->sv.wI;
+    DSV4_TRY(dsv4_select_queries_bwd(&e, i0, n, st->bs.d_qI, st->bs.d_wI, st->qr, st->x, st->grads, &st->sinks, kq,
+                                     kw));
   }
 fail:
   return rc;
@@ -168,18 +237,24 @@ dsv4_status dsv4_core_bwd_end(dsv4_core *c, float *dkv, float *dx) {
       x_src = sum;
     }
   }
+  if (st->dm.selects && (!c->recompute || st->kqI))
+    DSV4_TRY(dsv4_select_wgrad(&e, c->recompute ? st->kqI : st->sv.qI, c->recompute ? st->kwI : st->sv.wI, st->qr,
+                               st->x, st->grads));
+  if (st->d_KI_sum) DSV4_TRY(dsv4_wsinks_settle(&st->sinks, st->d_KI_sum));
   if (dm->compresses) {
     const dsv4_stage1_grad g = {.x_out = x_src, .x_all = st->bs.x_all, .x_blk = st->bs.x_blk};
-    DSV4_TRY(dsv4_stage1_backward(&e, 0, &g, st->x, st->sv.C, st->sv.Z, st->bs.d_all, st->bs.d_blk, st->bs.dC,
+    DSV4_TRY(dsv4_stage1_backward(&e, 0, &g, st->x, st->sv.C, st->sv.Z, st->bs.d_blk, st->bs.dC,
                                   st->bs.dZ, st->grads, dx));
   }
   if (dm->v4_keys) {
-    const dsv4_stage1_grad g = {.d_out = st->d_KI};
-    DSV4_TRY(dsv4_stage1_backward(&e, 1, &g, st->x, st->sv.CI, st->sv.ZI, st->bs.d_all, st->bs.d_blk, st->bs.dC,
+    const dsv4_stage1_grad g = {.x_out = st->d_KI_sum ? st->d_KI_sum->acc : NULL, /* NULL: no slots */
+                                .x_all = st->bs.x_all, .x_blk = st->bs.x_blk};
+    DSV4_TRY(dsv4_stage1_backward(&e, 1, &g, st->x, st->sv.CI, st->sv.ZI, st->bs.d_blk, st->bs.dC,
                                   st->bs.dZ, st->grads, NULL));
   }
   if (st->dm.v41_keys)
-    DSV4_TRY(dsv4_stage1_keys_bwd(&e, st->d_KI, st->sv.lat, st->sv.kpre, st->bs.d_all, st->bs.d_blk, st->grads));
+    DSV4_TRY(dsv4_stage1_keys_bwd(&e, st->d_KI_sum ? st->d_KI_sum->acc : NULL, st->sv.lat, st->sv.kpre, st->bs.x_all, st->bs.x_blk,
+                                  st->bs.d_blk, &st->sinks, st->grads));
   if (st->kv_e) { /* the pass's order: a consumer is done; the source's sums are spent */
     if (c->info.role == DSV4_ROLE_FULL)
       st->kv_e->bwd_done = 1;

@@ -3,9 +3,11 @@
  * projection; and the backward of all of it. Positions, chunks and the RoPE table come from the
  * call's plan (plan/plan.h), so the same code runs on one rank and on a CP shard. What it keeps and
  * what it uses for one phase is carved from its two arenas (model/arenas.h). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "model/core.h"
+#include "model/wgrad.h"
 #include "model/weights.h"
 #include "ops/rmsnorm.h"
 #include "util/abi.h"
@@ -29,6 +31,11 @@ struct dsv4_layer {
   dsv4_dims dm;
   dsv4_layer_saved sv;
   dsv4_arena saved, scratch;
+  /* backward: where the rows of the weight products run at the end are kept (model/wgrad.h):
+   * default mode q's and o's saved rows; with recomputation two n x H D buffers when they are
+   * smaller than whole-weight sums (dsv4_wgrad_keep_rows), else NULL (the products go into sinks
+   * chunk by chunk) */
+  float *kq, *ko;
 };
 
 /* Forgets the saved activations (the arenas stay for the next call). */
@@ -206,10 +213,11 @@ fail:
   return rc;
 }
 
-/* The output projection's backward for rows [i0, i0 + m) (steps 9 and 8): weight gradients of wo_b
- * and wo_a, and d o [m, H, D] (written into dop) for the core. */
+/* The output projection's backward for rows [i0, i0 + m) (steps 9 and 8): d u (kept for wo_a's
+ * weight gradient, or with recomputation added to its sinks here) and d o [m, H, D] (written into
+ * dop) for the core. */
 static dsv4_status output_backward(dsv4_layer *l, dsv4_weights *grads, const float *dout, const float *o,
-                                   const dsv4_layer_bwd_scratch *bs, int64_t i0, int64_t m) {
+                                   const dsv4_layer_bwd_scratch *bs, dsv4_wsinks *ks, int64_t i0, int64_t m) {
   dsv4_status rc = DSV4_OK;
   const dsv4_config *cf = &l->cfg;
   const int64_t d = cf->dim, H = cf->n_heads, D = cf->head_dim, G = cf->o_groups, Ro = cf->o_lora_rank;
@@ -217,14 +225,16 @@ static dsv4_status output_backward(dsv4_layer *l, dsv4_weights *grads, const flo
   const dsv4_weights *w = l->w;
   const dsv4_plan *p = l->plan;
   const int64_t *glob = p->global + i0, P = p->panel;
-  float *g = bs->g, *du = bs->du, *dop = bs->dop;
+  float *g = bs->g, *dop = bs->dop;
+  /* du: into u's rows (wo_b's product is done, u is dead) for wo_a's product at the end; with
+   * recomputation o is not kept, so wo_a's product goes into its sinks chunk by chunk */
+  float *du = l->ko ? l->sv.u + i0 * G * Ro : bs->du;
   /* padding rows have no output, so their dout is ignored */
   for (int64_t i = 0; i < m; i++) {
     if (p->real[i0 + i]) memcpy(g + i * d, dout + (i0 + i) * d, sizeof(float) * (size_t)d);
     else memset(g + i * d, 0, sizeof(float) * (size_t)d);
   }
-  /* out = wo_b u;  u_g = wo_a[g] op_g */
-  dsv4_wgrad_tn(d, G * Ro, m, g, d, l->sv.u + i0 * G * Ro, G * Ro, dsv4_w(grads, W_WO_B), G * Ro, l->impl);
+  /* out = wo_b u;  u_g = wo_a[g] op_g (wo_b's gradient: layer_backward, before the chunks) */
   DSV4_TRY(dsv4_rows_nn(du, G * Ro, g, d, dsv4_w(w, W_WO_B), G * Ro, m, G * Ro, d, glob, P, 0, l->impl));
   /* dop holds the rotated output op group by group; each group's columns serve dW first and are
    * then overwritten by that group's d op */
@@ -237,7 +247,13 @@ static dsv4_status output_backward(dsv4_layer *l, dsv4_weights *grads, const flo
         memcpy(v, o + (i * H + gi * (H / G) + h) * D, sizeof(float) * (size_t)D);
         dsv4_rope_apply(&p->rope, v, (int)D, p->pos[i0 + i], 1);
       }
-    dsv4_wgrad_tn(Ro, HGD, m, du + gi * Ro, G * Ro, x, H * D, dsv4_w(grads, W_WO_A) + gi * Ro * HGD, HGD, l->impl);
+    if (!l->ko) {
+      const dsv4_wpiece pc = {.n = m, .A = du + gi * Ro, .lda = G * Ro, .B = x, .ldb = H * D, .glob = glob};
+      DSV4_TRY(dsv4_wsinks_product(ks, dsv4_w(grads, W_WO_A) + gi * Ro * HGD, &pc));
+    } else if (l->recompute) { /* the rotated rows kept for wo_a's product (default mode: o itself) */
+      for (int64_t i = 0; i < m; i++)
+        memcpy(l->ko + (i0 + i) * H * D + gi * HGD, x + i * H * D, sizeof(float) * (size_t)HGD);
+    }
     DSV4_TRY(dsv4_rows_nn(x, H * D, du + gi * Ro, G * Ro, dsv4_w(w, W_WO_A) + gi * Ro * HGD, HGD, m, HGD, Ro, glob, P,
                           0, l->impl));
   }
@@ -257,7 +273,7 @@ fail:
  * (V4.1: no norm, db = RoPE^T(dq).) Then b = wq_b qr, qr = RMSNorm_{q_norm}(a), a = wq_a x: weight
  * gradients and dx rows. */
 static dsv4_status query_backward(dsv4_layer *l, dsv4_weights *grads, float *dq_, const float *q, const float *sb,
-                                  float *dqr, float *dx, int64_t i0, int64_t m) {
+                                  float *dqr, float *dx, float *t, dsv4_wsinks *ks, int64_t i0, int64_t m) {
   dsv4_status rc = DSV4_OK;
   const dsv4_config *cf = &l->cfg;
   const int64_t d = cf->dim, H = cf->n_heads, D = cf->head_dim, dq = cf->q_lora_rank;
@@ -276,26 +292,67 @@ static dsv4_status query_backward(dsv4_layer *l, dsv4_weights *grads, float *dq_
       }
       dsv4_rope_apply(&p->rope, dh, (int)D, p->pos[i0 + i], 1);
     }
-  dsv4_wgrad_tn(H * D, dq, m, dq_, H * D, l->sv.qr + i0 * dq, dq, dsv4_w(grads, W_WQ_B), dq, l->impl);
+  if (!l->kq) {
+    const dsv4_wpiece pc = {.n = m, .A = dq_, .lda = H * D, .B = l->sv.qr + i0 * dq, .ldb = dq, .glob = glob};
+    DSV4_TRY(dsv4_wsinks_product(ks, dsv4_w(grads, W_WQ_B), &pc));
+  }
   DSV4_TRY(dsv4_rows_nn(dqr, dq, dq_, H * D, dsv4_w(w, W_WQ_B), dq, m, dq, H * D, glob, P, 0, l->impl));
+  /* dq kept (default mode: in q's rows, dead now) for wq_b's product at the end */
+  if (l->kq) memcpy(l->kq + i0 * H * D, dq_, sizeof(float) * (size_t)(m * H * D));
   float *dqn = dsv4_w(grads, W_Q_NORM);
-  for (int64_t i = 0; i < m; i++) /* serial: accumulates into d q_norm */
-    dsv4_rmsnorm_bwd_row(dqr + i * dq, dqn, dqr + i * dq, l->sv.a + (i0 + i) * dq, dsv4_w(w, W_Q_NORM),
+  for (int64_t i = 0; i < m; i++) { /* serial: d q_norm's terms in row order (exact sums) */
+    memset(t, 0, sizeof(float) * (size_t)dq);
+    dsv4_rmsnorm_bwd_row(dqr + i * dq, t, dqr + i * dq, l->sv.a + (i0 + i) * dq, dsv4_w(w, W_Q_NORM),
                          l->sv.sa[i0 + i], (int)dq);
-  dsv4_wgrad_tn(dq, d, m, dqr, dq, l->x + i0 * d, d, dsv4_w(grads, W_WQ_A), d, l->impl);
+    DSV4_TRY(dsv4_wsinks_terms(ks, dqn, t, dq));
+  }
+  /* d qr into a's rows (dead now) for wq_a's product at the end */
+  memcpy(l->sv.a + i0 * dq, dqr, sizeof(float) * (size_t)(m * dq));
   DSV4_TRY(dsv4_rows_nn(dx + i0 * d, d, dqr, dq, dsv4_w(w, W_WQ_A), d, m, d, dq, glob, P, 1, l->impl));
 fail:
   return rc;
 }
 
+/* The layer's gradients summed over calls: q_norm's and kv_norm's terms, and with recomputation
+ * (no q, o kept) the wo_a groups' and wq_b's products chunk by chunk (model/wgrad.h). */
+static dsv4_status layer_sinks(dsv4_layer *l, dsv4_weights *grads, dsv4_wsinks *ks) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_config *cf = &l->cfg;
+  const int64_t H = cf->n_heads, D = cf->head_dim, G = cf->o_groups, Ro = cf->o_lora_rank, dq = cf->q_lora_rank;
+  const int64_t HGD = (H / G) * D, P = l->plan->panel, T = l->plan->key.T;
+  DSV4_TRY(dsv4_wsinks_add(ks, dsv4_w(grads, W_Q_NORM), dq, dq, NULL, 0));
+  DSV4_TRY(dsv4_wsinks_add(ks, dsv4_w(grads, W_KV_NORM), D, D, NULL, 0));
+  if (!l->kq) {
+    const dsv4_wshape so = {Ro, HGD, P, T}, sq = {H * D, dq, P, T};
+    for (int64_t gi = 0; gi < G; gi++) DSV4_TRY(dsv4_wsinks_add_product(ks, dsv4_w(grads, W_WO_A) + gi * Ro * HGD, &so));
+    DSV4_TRY(dsv4_wsinks_add_product(ks, dsv4_w(grads, W_WQ_B), &sq));
+  }
+fail:
+  return rc;
+}
+
+/* Collective: a product over every local row into C (model/wgrad.h). */
+static dsv4_status wprod(dsv4_layer *l, float *C, int64_t M, int64_t N, const float *A, int64_t lda, const float *B,
+                         int64_t ldb, const uint8_t *keep, const char *what) {
+  const dsv4_plan *p = l->plan;
+  const dsv4_wpiece pc = {.n = p->n, .A = A, .lda = lda, .B = B, .ldb = ldb, .glob = p->global, .keep = keep};
+  const dsv4_wshape ws = {M, N, p->panel, p->key.T};
+  return dsv4_wgrad_exact(l->core->xfer.comm, &ws, &pc, 1, C, l->impl, what);
+}
+
 static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, const float *dout, float d_loss) {
   dsv4_status rc = DSV4_OK;
   const dsv4_config *cf = &l->cfg;
-  const int64_t d = cf->dim, H = cf->n_heads, D = cf->head_dim;
+  const int64_t d = cf->dim, H = cf->n_heads, D = cf->head_dim, G = cf->o_groups, Ro = cf->o_lora_rank;
+  const int64_t dq = cf->q_lora_rank, HGD = (H / G) * D;
   const dsv4_weights *w = l->w;
   dsv4_core *core = l->core;
   dsv4_layer_bwd_scratch bs;
-  DSV4_CHECK(l->valid, DSV4_ERR_STATE, "layer backward called without a training forward (train = 1)");
+  float *t = NULL;
+  int begun = 0, consumed = 0;
+  DSV4_CHECK(l->valid, DSV4_ERR_STATE,
+             "layer %d backward called without a training forward (train = 1), or a second time for one forward",
+             l->layer);
   DSV4_CHECK(dx && grads && dout, DSV4_ERR_ARG, "layer backward: dx, grads and dout are required");
   DSV4_CHECK(dsv4_weights_layer(grads) == l->layer, DSV4_ERR_ARG,
              "layer backward: gradient set is for layer %d, not %d", dsv4_weights_layer(grads), l->layer);
@@ -303,7 +360,23 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
   const int64_t n = p->n;
   dsv4_carve_layer_bwd(l->scratch.base, &l->dm, &bs); /* the forward reserved the larger phase */
   memset(dx, 0, sizeof(float) * (size_t)(n * d));
+  DSV4_ALLOC(t, dq > D ? dq : D);
+  l->kq = l->recompute ? NULL : l->sv.q;
+  l->ko = l->recompute ? NULL : l->sv.o;
+  const int keep = l->recompute && dsv4_wgrad_keep_rows(cf, l->dm.selects, n);
+  if (keep) {
+    DSV4_ALLOC(l->kq, n * H * D);
+    DSV4_ALLOC(l->ko, n * H * D);
+  }
+  core->run.keep_rows = keep;
   DSV4_TRY(dsv4_core_bwd_begin(core, grads, d_loss));
+  begun = consumed = 1;
+  dsv4_wsinks *ks = &core->run.sinks;
+  DSV4_TRY(layer_sinks(l, grads, ks));
+  /* The backward consumes the forward's saved rows: u, a and (default mode) q, o, the indexer
+   * queries keep the output gradients of the weight products that run over every row at the end.
+   * wo_b's first, while u is still u (its dout rows are the caller's: padding rows count as zero). */
+  DSV4_TRY(wprod(l, dsv4_w(grads, W_WO_B), d, G * Ro, dout, d, l->sv.u, G * Ro, p->real, "wo_b"));
   /* the same chunks with or without recomputation, so both give the same bits (plan.h) */
   for (int64_t k = 0; k < p->n_chunk; k++) {
     const int64_t i0 = p->chunk[k], m = p->chunk[k + 1] - i0;
@@ -313,10 +386,10 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
       DSV4_TRY(queries(l, bs.q, bs.sb, i0, m));
       DSV4_TRY(dsv4_core_bwd_recompute(core, i0, m, bs.q, bs.o));
     }
-    DSV4_TRY(output_backward(l, grads, dout, o, &bs, i0, m));
+    DSV4_TRY(output_backward(l, grads, dout, o, &bs, ks, i0, m));
     /* the core writes dq over d o, query by query (allowed: dq may alias d_o) */
     DSV4_TRY(dsv4_core_bwd_rows(core, i0, m, q, o, bs.dop, bs.dop));
-    DSV4_TRY(query_backward(l, grads, bs.dop, q, sb, bs.dqr, dx, i0, m));
+    DSV4_TRY(query_backward(l, grads, bs.dop, q, sb, bs.dqr, dx, t, ks, i0, m));
   }
   /* kv = RoPE(RMSNorm_{kv_norm}(c)), c = wkv x: once every query (and other ranks' halos) added to dkv */
   float *dkv = bs.dkv;
@@ -324,13 +397,35 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i++) dsv4_rope_apply(&p->rope, dkv + i * D, (int)D, p->pos[i], 1);
   float *dkvn = dsv4_w(grads, W_KV_NORM);
-  for (int64_t i = 0; i < n; i++) /* serial: accumulates into d kv_norm */
-    dsv4_rmsnorm_bwd_row(dkv + i * D, dkvn, dkv + i * D, l->sv.c + i * D, dsv4_w(w, W_KV_NORM), l->sv.sc[i], (int)D);
-  dsv4_wgrad_tn(D, d, n, dkv, D, l->x, d, dsv4_w(grads, W_WKV), d, l->impl);
+  for (int64_t i = 0; i < n; i++) { /* serial: d kv_norm's terms in row order (exact sums) */
+    memset(t, 0, sizeof(float) * (size_t)D);
+    dsv4_rmsnorm_bwd_row(dkv + i * D, t, dkv + i * D, l->sv.c + i * D, dsv4_w(w, W_KV_NORM), l->sv.sc[i], (int)D);
+    DSV4_TRY(dsv4_wsinks_terms(ks, dkvn, t, D));
+  }
+  DSV4_TRY(wprod(l, dsv4_w(grads, W_WKV), D, d, dkv, D, l->x, d, NULL, "wkv"));
   DSV4_TRY(dsv4_rows_nn(dx, d, dkv, D, dsv4_w(w, W_WKV), d, n, d, D, p->global, p->panel, 1, l->impl));
+  DSV4_TRY(wprod(l, dsv4_w(grads, W_WQ_A), dq, d, l->sv.a, dq, l->x, d, NULL, "wq_a"));
+  if (l->kq) {
+    if (!l->recompute) { /* o rotated back in place: op = RoPE_{-p}(o), wo_a's input */
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; i++)
+        for (int64_t h = 0; h < H; h++) dsv4_rope_apply(&p->rope, l->ko + (i * H + h) * D, (int)D, p->pos[i], 1);
+    }
+    for (int64_t gi = 0; gi < G; gi++)
+      DSV4_TRY(wprod(l, dsv4_w(grads, W_WO_A) + gi * Ro * HGD, Ro, HGD, l->sv.u + gi * Ro, G * Ro, l->ko + gi * HGD,
+                     H * D, NULL, "wo_a"));
+    DSV4_TRY(wprod(l, dsv4_w(grads, W_WQ_B), H * D, dq, l->kq, H * D, l->sv.qr, dq, NULL, "wq_b"));
+  }
   for (int64_t i = 0; i < n; i++)
     if (!p->real[i]) memset(dx + i * d, 0, sizeof(float) * (size_t)d);
+  begun = 0;
+  DSV4_TRY(dsv4_core_bwd_finish(core));
 fail:
+  if (begun) dsv4_core_bwd_abort(core);
+  if (consumed) l->valid = 0; /* the saved rows now hold gradients */
+  if (l->recompute) free(l->kq), free(l->ko);
+  l->kq = l->ko = NULL;
+  free(t);
   return rc;
 }
 

@@ -50,9 +50,14 @@ dsv4_status dsv4_select_topk(const dsv4_stage_env *e, int64_t i0, int64_t n, con
   return dsv4_lightning_indexer_dist(&ia, e->x->comm->size, places, e->impl);
 }
 
-/* w = (weights_proj x) * s  ->  d weights_proj += (s dw)^T x;  qI = RoPE(wq_b qr)  ->  RoPE^T */
+/* w = (weights_proj x) * s  ->  d weights_proj += (s dw)^T x;  qI = RoPE(wq_b qr)  ->  RoPE^T.
+ * The weight products run over whole global panels (model/wgrad.h): with keep_qI / keep_wI the
+ * rows are kept there (the saved queries' rows, dead after their chunk) for dsv4_select_wgrad at the
+ * end; without (recomputation), they go into the product sinks chunk by chunk. */
 dsv4_status dsv4_select_queries_bwd(const dsv4_stage_env *e, int64_t i0, int64_t n, float *d_qI, float *d_w,
-                                    const float *qr, const float *x, dsv4_weights *grads) {
+                                    const float *qr, const float *x, dsv4_weights *grads, dsv4_wsinks *ks,
+                                    float *keep_qI, float *keep_wI) {
+  dsv4_status rc = DSV4_OK;
   const dsv4_plan *p = e->p;
   const int Hi = e->cfg->index_n_heads, Di = e->cfg->index_head_dim, d = e->cfg->dim, dq = e->cfg->q_lora_rank;
   const float wscale = (float)(1.0 / sqrt((double)Di * Hi));
@@ -61,7 +66,29 @@ dsv4_status dsv4_select_queries_bwd(const dsv4_stage_env *e, int64_t i0, int64_t
     for (int h = 0; h < Hi; h++) d_w[i * Hi + h] *= wscale;
     for (int h = 0; h < Hi; h++) dsv4_rope_apply(&p->rope, d_qI + (i * Hi + h) * Di, Di, p->pos[i0 + i], 1);
   }
-  dsv4_wgrad_tn(Hi, d, n, d_w, Hi, x + i0 * d, d, dsv4_w(grads, W_I_PROJ), d, e->impl);
-  dsv4_wgrad_tn((int64_t)Hi * Di, dq, n, d_qI, (int64_t)Hi * Di, qr + i0 * dq, dq, dsv4_w(grads, W_I_WQ_B), dq, e->impl);
-  return DSV4_OK;
+  if (keep_qI) {
+    memcpy(keep_qI + i0 * Hi * Di, d_qI, sizeof(float) * (size_t)(n * Hi * Di));
+    memcpy(keep_wI + i0 * Hi, d_w, sizeof(float) * (size_t)(n * Hi));
+    return DSV4_OK;
+  }
+  const dsv4_wpiece pw = {.n = n, .A = d_w, .lda = Hi, .B = x + i0 * d, .ldb = d, .glob = p->global + i0};
+  const dsv4_wpiece pq = {.n = n, .A = d_qI, .lda = (int64_t)Hi * Di, .B = qr + i0 * dq, .ldb = dq, .glob = p->global + i0};
+  DSV4_TRY(dsv4_wsinks_product(ks, dsv4_w(grads, W_I_PROJ), &pw));
+  DSV4_TRY(dsv4_wsinks_product(ks, dsv4_w(grads, W_I_WQ_B), &pq));
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_select_wgrad(const dsv4_stage_env *e, const float *d_qI, const float *d_w, const float *qr,
+                              const float *x, dsv4_weights *grads) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_plan *p = e->p;
+  const int64_t Hi = e->cfg->index_n_heads, Di = e->cfg->index_head_dim, d = e->cfg->dim, dq = e->cfg->q_lora_rank;
+  const dsv4_wpiece pw = {.n = p->n, .A = d_w, .lda = Hi, .B = x, .ldb = d, .glob = p->global};
+  const dsv4_wpiece pq = {.n = p->n, .A = d_qI, .lda = Hi * Di, .B = qr, .ldb = dq, .glob = p->global};
+  const dsv4_wshape sw = {Hi, d, p->panel, p->key.T}, sq = {Hi * Di, dq, p->panel, p->key.T};
+  DSV4_TRY(dsv4_wgrad_exact(e->x->comm, &sw, &pw, 1, dsv4_w(grads, W_I_PROJ), e->impl, "indexer weights_proj"));
+  DSV4_TRY(dsv4_wgrad_exact(e->x->comm, &sq, &pq, 1, dsv4_w(grads, W_I_WQ_B), e->impl, "indexer wq_b"));
+fail:
+  return rc;
 }

@@ -147,11 +147,12 @@ fail:
 dsv4_status dsv4_shared_kv_sums(dsv4_shared_kv *e) {
   dsv4_status rc = DSV4_OK;
   if (e->sums_ready) return DSV4_OK;
-  const size_t n = (size_t)e->n_cmp * (size_t)(4 * e->D + e->Di); /* in floats: an exact element is four */
+  const size_t n = (size_t)e->n_cmp * (size_t)(4 * e->D + 5 * e->Di); /* in floats: an exact element is four */
   void *buf = e->x_cmp;
   DSV4_TRY(hold(&buf, &e->d_cap, n, sizeof(float), "compressed kv gradient", e->layer));
   e->x_cmp = buf;
-  e->d_KI = (float *)buf + (size_t)e->n_cmp * 4 * (size_t)e->D;
+  e->x_KI = e->x_cmp + (size_t)e->n_cmp * 2 * (size_t)e->D;
+  e->d_KI = (float *)(e->x_KI + (size_t)e->n_cmp * 2 * (size_t)e->Di);
   memset(buf, 0, sizeof(float) * n);
   e->sums_ready = 1;
 fail:

@@ -26,8 +26,9 @@ typedef struct {
   int D, Di;
   float *cmp, *KI;         /* [n_cmp, D], [n_cmp, Di] the global compressed kv and indexer keys */
   int64_t *x_cmp;          /* backward: the exact sums ([n_cmp, 2 D], util/xacc.h) of every reader's d cmp */
-  float *d_KI;             /* backward: the sums of every reader's d KI [n_cmp, Di] */
-  size_t cap, d_cap;       /* floats allocated for cmp + KI, x_cmp (4 D per row) + d_KI */
+  float *d_KI;             /* backward: what reference paths add to d KI [n_cmp, Di] (settled into x_KI) */
+  int64_t *x_KI;           /* backward: the exact sums ([n_cmp, 2 Di]) of every reader's d KI */
+  size_t cap, d_cap;       /* floats allocated for cmp + KI, x_cmp (4 D per row) + d_KI + x_KI (4 Di) */
   int complete;            /* the source's forward finished (a failed one leaves no entry) */
   int train;               /* the source's forward was a training one */
   uint8_t reader[DSV4_MAX_LAYERS]; /* 1: layer L ran a training forward that reads it */

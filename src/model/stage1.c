@@ -140,20 +140,9 @@ fail:
   return rc;
 }
 
-/* This rank's d out [n_cmp, dim] to the owners of the entries: d_all[gather[id]] = d_out[id] (the
- * transpose of select-and-pad: each block is selected once), reduce-scattered into d_blk. */
-static dsv4_status to_owners(const dsv4_stage_env *e, int dim, const float *d_out, float *d_all, float *d_blk) {
-  const dsv4_layout *lay = &e->p->lay;
-  memset(d_all, 0, sizeof(float) * (size_t)(lay->n_blk_all * dim));
-  for (int64_t s = 0; s < e->p->docs.n_cmp; s++) {
-    float *dst = d_all + (int64_t)lay->gather[s] * dim;
-    const float *src = d_out + s * dim;
-    for (int k = 0; k < dim; k++) dst[k] += src[k];
-  }
-  return dsv4_xfer_reduce_scatter(e->x, d_all, d_blk, (size_t)(lay->n_blk * dim));
-}
-
-/* The same over exact sums: integer rows through the reduce-scatter, rounded once by the owner. */
+/* This rank's exact sums of d out [n_cmp, 2 dim] to the owners of the entries: x_all[gather[id]] =
+ * x_out[id] (the transpose of select-and-pad: each block is selected once), an int64
+ * reduce-scatter into x_blk, rounded once by the owner into d_blk. */
 static dsv4_status to_owners_exact(const dsv4_stage_env *e, int dim, const int64_t *x_out, int64_t *x_all,
                                    int64_t *x_blk, float *d_blk) {
   dsv4_status rc = DSV4_OK;
@@ -172,15 +161,15 @@ fail:
 }
 
 dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const dsv4_stage1_grad *g, const float *x,
-                                 const float *C, const float *Z, float *d_all, float *d_blk, float *dC, float *dZ,
+                                 const float *C, const float *Z, float *d_blk, float *dC, float *dZ,
                                  dsv4_weights *grads, float *dx) {
   dsv4_status rc = DSV4_OK;
   const compressor_ids id = ids_of(e, which);
   const dsv4_layout *lay = &e->p->lay;
   const dsv4_kernels *K = dsv4_kernels_get(e->impl);
   const int cD = id.cD, d = e->cfg->dim, gate = gated(e);
-  if (g->x_out) DSV4_TRY(to_owners_exact(e, id.dim, g->x_out, g->x_all, g->x_blk, d_blk));
-  else DSV4_TRY(to_owners(e, id.dim, g->d_out, d_all, d_blk));
+  dsv4_wpiece *pc = NULL;
+  DSV4_TRY(to_owners_exact(e, id.dim, g->x_out, g->x_all, g->x_blk, d_blk));
   memset(dC, 0, sizeof(float) * (size_t)(lay->R_c * cD));
   if (gate) memset(dZ, 0, sizeof(float) * (size_t)(lay->R_c * cD));
   const dsv4_compress_bwd_args cb = {.dC = dC, .dZ = gate ? dZ : NULL,
@@ -189,13 +178,24 @@ dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const dsv4_
                                      .fwd = compress_args(e, &id, NULL, C, Z)};
   DSV4_TRY(K->compress_bwd(&cb));
   DSV4_TRY(cmp_halo(e, dC, dZ, cD, which, 1));
-  /* dW += dC_own^T x_own per segment; dx_own += dC_own . W */
+  /* dW += dC_own^T x_own over global panels (model/wgrad.h); dx_own += dC_own . W per segment */
+  DSV4_ALLOC(pc, 2 * lay->n_seg + 1);
   for (int s = 0; s < lay->n_seg; s++) {
     const dsv4_seg *sg = &lay->seg[s];
     const int64_t row = sg->c_row + sg->c_halo;
-    const float *xs = x + sg->lo * d;
-    dsv4_wgrad_tn(cD, d, sg->len, dC + row * cD, cD, xs, d, dsv4_w(grads, id.wkv), d, e->impl);
-    if (gate) dsv4_wgrad_tn(cD, d, sg->len, dZ + row * cD, cD, xs, d, dsv4_w(grads, id.wgate), d, e->impl);
+    const int64_t *glob = e->p->global + sg->lo;
+    pc[s] = (dsv4_wpiece){.n = sg->len, .A = dC + row * cD, .lda = cD, .B = x + sg->lo * d, .ldb = d, .glob = glob};
+    pc[lay->n_seg + s] = pc[s];
+    if (gate) pc[lay->n_seg + s].A = dZ + row * cD;
+  }
+  const dsv4_wshape ws = {cD, d, e->p->panel, e->p->key.T};
+  DSV4_TRY(dsv4_wgrad_exact(e->x->comm, &ws, pc, lay->n_seg, dsv4_w(grads, id.wkv), e->impl, "compressor wkv"));
+  if (gate)
+    DSV4_TRY(dsv4_wgrad_exact(e->x->comm, &ws, pc + lay->n_seg, lay->n_seg, dsv4_w(grads, id.wgate), e->impl,
+                              "compressor wgate"));
+  for (int s = 0; s < lay->n_seg; s++) {
+    const dsv4_seg *sg = &lay->seg[s];
+    const int64_t row = sg->c_row + sg->c_halo;
     if (dx) {
       const int64_t *glob = e->p->global + sg->lo, P = e->p->panel;
       DSV4_TRY(dsv4_rows_nn(dx + sg->lo * d, d, dC + row * cD, cD, dsv4_w(e->w, id.wkv), d, sg->len, d, cD, glob, P, 1,
@@ -206,33 +206,45 @@ dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const dsv4_
     }
   }
 fail:
+  free(pc);
   return rc;
 }
 
-/* The keys' backward from this rank's d KI [n_cmp, Di]: to the owners, RoPE^T, k_norm's backward
- * (d k_norm accumulated), d indexer.wk += d kpre^T latent. The latent gets nothing (the indexer
+/* The keys' backward from the exact sums of every reader's d KI [n_cmp, 2 Di]: to the owners (an
+ * int64 reduce-scatter, rounded once there), RoPE^T, k_norm's backward (its gradient as exact
+ * terms), d indexer.wk over global panels of compressed ids. The latent gets nothing (the indexer
  * path is detached). */
-dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const float *d_KI, const float *latent, float *kpre,
-                                 float *d_all, float *d_blk, dsv4_weights *grads) {
+dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const int64_t *x_KI, const float *latent, float *kpre,
+                                 int64_t *x_all, int64_t *x_blk, float *d_blk, dsv4_wsinks *ks, dsv4_weights *grads) {
   dsv4_status rc = DSV4_OK;
   const dsv4_plan *p = e->p;
   const dsv4_layout *lay = &p->lay;
   const int D = e->cfg->head_dim, Di = e->cfg->index_head_dim;
   const float *knorm = dsv4_w(e->w, W_I_KNORM);
-  float *d_knorm = dsv4_w(grads, W_I_KNORM);
-  DSV4_TRY(to_owners(e, Di, d_KI, d_all, d_blk));
-  for (int64_t s = 0; s < p->n_slot; s++) { /* serial: accumulates into d k_norm */
+  float *d_knorm = dsv4_w(grads, W_I_KNORM), *t = NULL;
+  dsv4_wpiece *pc = NULL;
+  DSV4_TRY(to_owners_exact(e, Di, x_KI, x_all, x_blk, d_blk));
+  DSV4_ALLOC(t, Di);
+  for (int64_t s = 0; s < p->n_slot; s++) { /* serial: k_norm's terms in slot order */
     const int64_t row = p->slot_blk[s];
     float *g = d_blk + row * Di;
     dsv4_rope_apply(&p->rope, g, Di, p->slot_pos[s], 1);
-    dsv4_rmsnorm_bwd_row(g, d_knorm, g, kpre + row * Di, knorm, dsv4_rms_inv(kpre + row * Di, Di, e->cfg->eps), Di);
+    memset(t, 0, sizeof(float) * (size_t)Di);
+    dsv4_rmsnorm_bwd_row(g, t, g, kpre + row * Di, knorm, dsv4_rms_inv(kpre + row * Di, Di, e->cfg->eps), Di);
+    DSV4_TRY(dsv4_wsinks_terms(ks, d_knorm, t, Di));
   }
+  DSV4_ALLOC(pc, lay->n_seg + 1);
+  int64_t s0 = 0;
   for (int s = 0; s < lay->n_seg; s++) {
     const dsv4_seg *sg = &lay->seg[s];
-    if (sg->n_own)
-      dsv4_wgrad_tn(Di, D, sg->n_own, d_blk + sg->blk0 * Di, Di, latent + sg->blk0 * D, D, dsv4_w(grads, W_I_WK), D,
-                    e->impl);
+    pc[s] = (dsv4_wpiece){.n = sg->n_own, .A = d_blk + sg->blk0 * Di, .lda = Di, .B = latent + sg->blk0 * D, .ldb = D,
+                          .glob = p->slot_gid + s0};
+    s0 += sg->n_own;
   }
+  const dsv4_wshape ws = {Di, D, dsv4_panel_rows(p->docs.n_cmp), p->docs.n_cmp};
+  DSV4_TRY(dsv4_wgrad_exact(e->x->comm, &ws, pc, lay->n_seg, dsv4_w(grads, W_I_WK), e->impl, "indexer wk"));
 fail:
+  free(t);
+  free(pc);
   return rc;
 }

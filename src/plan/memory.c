@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "model/arenas.h"
+#include "model/wgrad.h"
 #include "model/weights.h"
 #include "plan.h"
 #include "shard.h"
@@ -43,8 +44,9 @@ static dsv4_status plan_memory(const dsv4_config *cfg, int layer, const dsv4_pac
   const uint64_t cmp_bytes = sizeof(float) * (uint64_t)dm.n_cmp *
                              (uint64_t)(dm.v4_keys || dm.v41_keys ? cfg->head_dim + cfg->index_head_dim : cfg->head_dim);
   out->replicated = dm.compresses ? cmp_bytes : 0;
-  /* the entry and the backward's sums (the kv rows' exact: 16 bytes per element, the keys' float) */
-  if (dm.v41_keys) out->shared = cmp_bytes + sizeof(float) * (uint64_t)dm.n_cmp * (4 * cfg->head_dim + cfg->index_head_dim);
+  /* the entry and the backward's sums (exact: 16 bytes per element of the kv rows and keys, plus the
+   * keys' float residue) */
+  if (dm.v41_keys) out->shared = cmp_bytes + sizeof(float) * (uint64_t)dm.n_cmp * (4 * cfg->head_dim + 5 * cfg->index_head_dim);
   if (!dm.own_cmp && dm.selects) /* this rank's top-k (and candidate blocks) */
     out->shared += sizeof(int32_t) * (uint64_t)n *
                    (uint64_t)(cfg->index_topk + (info.candidate_source ? cfg->candidate_topk_blocks : 0));
@@ -52,7 +54,8 @@ static dsv4_status plan_memory(const dsv4_config *cfg, int layer, const dsv4_pac
    * and the kernels' own per-call workspace */
   out->transient = dsv4_layer_scratch_bytes(&dm) + dsv4_core_scratch_bytes(&dm) + p.bytes +
                    (r > 0 ? sizeof(int32_t) * (uint64_t)dm.n_cmp : 0) +
-                   dsv4_kernel_scratch_bytes(&dm, opts ? opts->threads : 1);
+                   dsv4_kernel_scratch_bytes(&dm, opts ? opts->threads : 1) +
+                   dsv4_wgrad_bytes(cfg, dm.selects, recompute, opts ? opts->threads : 1, n);
   out->io = (uint64_t)n * (4 * d * sizeof(float) + (dm.selects ? k * sizeof(int32_t) : 0));
   out->total = out->weights + out->grads + out->saved + out->transient + out->io + out->shared;
 fail:

@@ -99,8 +99,8 @@ static dsv4_status traffic_all(const dsv4_config *cfg, int layer, const dsv4_pac
       const uint64_t blk = (uint64_t)p.lays[q].n_blk, dims = D + (keys ? Di : 0);
       const uint64_t ag = N1 * blk * dims * f;
       s->bytes_sent[DSV4_MSG_SLOT_ALLGATHER] = s->bytes_recv[DSV4_MSG_SLOT_ALLGATHER] = ag;
-      /* the kv rows' gradients as exact sums (two int64 per element), the keys' as floats */
-      const uint64_t rs = N1 * blk * (D * 2 * sizeof(int64_t) + (keys ? Di * f : 0));
+      /* the kv rows' and the keys' gradients as exact sums (two int64 per element) */
+      const uint64_t rs = N1 * blk * (D + (keys ? Di : 0)) * 2 * sizeof(int64_t);
       s->bytes_sent[DSV4_MSG_SLOT_REDUCE_SCATTER] = s->bytes_recv[DSV4_MSG_SLOT_REDUCE_SCATTER] = rs;
       s->messages[DSV4_MSG_SLOT_ALLGATHER] = s->messages[DSV4_MSG_SLOT_REDUCE_SCATTER] = keys ? 2 : 1;
     }

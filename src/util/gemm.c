@@ -278,34 +278,6 @@ dsv4_status dsv4_rows_nn(float *Y, int64_t ldy, const float *X, int64_t ldx, con
   return panel_rows(&o, n, glob, P);
 }
 
-/* Blocks of a weight gradient: the longer side of C cut into a number of blocks that only the
- * shape decides: at least 2048 wide (each block re-packs the other operand, ~1 copy per 2 x width
- * FLOPs: under 1% of the block's time at 2048) and at most 8 (enough to keep a few threads busy). */
-#define WGRAD_MIN_BLOCK 2048
-#define WGRAD_MAX_BLOCKS 8
-
-void dsv4_wgrad_tn(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
-                   float *C, int64_t ldc, dsv4_impl impl) {
-  if (M <= 0 || N <= 0 || K <= 0) return;
-  if (impl == DSV4_IMPL_NAIVE) {
-    dsv4_gemm_tn_ref(M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
-    return;
-  }
-  const int by_rows = M >= N;
-  const int64_t L = by_rows ? M : N;
-  int64_t nb = L / WGRAD_MIN_BLOCK;
-  nb = nb < 1 ? 1 : nb > WGRAD_MAX_BLOCKS ? WGRAD_MAX_BLOCKS : nb;
-  const int64_t bs = (L + nb - 1) / nb;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(dsv4_nthreads())
-  for (int64_t b = 0; b < nb; b++) {
-    dsv4_blas_serial();
-    const int64_t lo = b * bs, len = lo + bs < L ? bs : L - lo;
-    if (len <= 0) continue;
-    if (by_rows) dsv4_gemm_tn(len, N, K, 1.0f, A + lo, lda, B, ldb, 1.0f, C + lo * ldc, ldc);
-    else dsv4_gemm_tn(M, len, K, 1.0f, A, lda, B + lo, ldb, 1.0f, C + lo, ldc);
-  }
-}
-
 int dsv4_blas_probe_invariance(void) {
   /* What the library relies on (docs/design.md): a row at the same position of a same-shape call
    * gets the same bits whatever the other rows hold (zero rows of a padded panel, other tokens).

@@ -53,12 +53,6 @@ dsv4_status dsv4_proj_rows_map(float *Y, int64_t ldy, const int64_t *yrow, const
 dsv4_status dsv4_rows_nn(float *Y, int64_t ldy, const float *X, int64_t ldx, const float *W, int64_t ldw, int64_t n,
                          int64_t N, int64_t K, const int64_t *glob, int64_t P, int beta, dsv4_impl impl);
 
-/* C[M, N] += A[K, M]^T . B[K, N] (a weight gradient over K token rows), in blocks of C that only
- * the shape decides, one single-threaded BLAS call each, spread over the threads: the result does
- * not depend on the thread count. */
-void dsv4_wgrad_tn(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
-                   float *C, int64_t ldc, dsv4_impl impl);
-
 /* Frees the calling thread's panel scratch, which dsv4_proj_rows / dsv4_rows_nn keep between calls
  * (the layer's public calls release it on return). */
 void dsv4_panel_scratch_release(void);

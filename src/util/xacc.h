@@ -55,9 +55,11 @@ static inline int dsv4_xacc_add1(int64_t *restrict hi, int64_t *restrict lo, flo
   return !ok;
 }
 
-/* hi[e], lo[e] += t[e] for e < n. Returns nonzero when some term was non-finite or |t| >= 2^24
- * (that term is then not added). */
-static inline int dsv4_xacc_add(int64_t *restrict hi, int64_t *restrict lo, const float *restrict t, int64_t n) {
+/* hi[e], lo[e] += t[e] for e < n (fresh: hi, lo are first set to zero, without reading them: the
+ * first terms of a new sum). Returns nonzero when some term was non-finite or |t| >= 2^24 (that
+ * term is then not added). */
+static inline int dsv4_xacc_add_(int64_t *restrict hi, int64_t *restrict lo, const float *restrict t, int64_t n,
+                                 const int fresh) {
   int bad = 0;
   int64_t e = 0;
 #ifdef __AVX2__
@@ -75,18 +77,30 @@ static inline int dsv4_xacc_add(int64_t *restrict hi, int64_t *restrict lo, cons
     const __m256d ra = _mm256_add_pd(u, magic), a = _mm256_sub_pd(ra, magic);
     const __m256d rb = _mm256_add_pd(_mm256_mul_pd(_mm256_sub_pd(u, a), s50), magic);
     const __m256i ia = _mm256_sub_epi64(_mm256_castpd_si256(ra), mb);
-    const __m256i l = _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(lo + e)),
-                                       _mm256_sub_epi64(_mm256_castpd_si256(rb), mb));
+    const __m256i l0 = fresh ? zero : _mm256_loadu_si256((const __m256i *)(lo + e));
+    const __m256i l = _mm256_add_epi64(l0, _mm256_sub_epi64(_mm256_castpd_si256(rb), mb));
     /* carry = (l > mask) - (l < 0): compare results are -1 / 0 */
     const __m256i carry = _mm256_sub_epi64(_mm256_cmpgt_epi64(zero, l), _mm256_cmpgt_epi64(l, mask));
     _mm256_storeu_si256((__m256i *)(lo + e), _mm256_and_si256(l, mask));
-    const __m256i h = _mm256_loadu_si256((const __m256i *)(hi + e));
+    const __m256i h = fresh ? zero : _mm256_loadu_si256((const __m256i *)(hi + e));
     _mm256_storeu_si256((__m256i *)(hi + e), _mm256_add_epi64(h, _mm256_add_epi64(ia, carry)));
   }
   bad = _mm256_movemask_pd(badv) != 0;
 #endif
-  for (; e < n; e++) bad |= dsv4_xacc_add1(hi + e, lo + e, t[e]);
+  for (; e < n; e++) {
+    if (fresh) hi[e] = lo[e] = 0;
+    bad |= dsv4_xacc_add1(hi + e, lo + e, t[e]);
+  }
   return bad;
+}
+
+static inline int dsv4_xacc_add(int64_t *restrict hi, int64_t *restrict lo, const float *restrict t, int64_t n) {
+  return dsv4_xacc_add_(hi, lo, t, n, 0);
+}
+
+/* hi, lo = the exact value of t (bitwise zeroing them, then dsv4_xacc_add). */
+static inline int dsv4_xacc_set(int64_t *restrict hi, int64_t *restrict lo, const float *restrict t, int64_t n) {
+  return dsv4_xacc_add_(hi, lo, t, n, 1);
 }
 
 /* One accumulator row added into another (a thread's partial into the total): exact. */

@@ -32,6 +32,7 @@ dsv4_status dsv4_xrows_finish(dsv4_xrows *x, float *out, const char *what) {
   DSV4_CHECK(!x->bad, DSV4_ERR_ARG,
              "%s: a gradient term is not finite or not below 2^24 (the exact sums' range)", what);
   dsv4_xrows_merge(x);
+  if (dsv4_xrows_redirect(out, x->base, x->rows, w)) goto fail; /* not rounded: summed with the other ranks' */
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < x->rows; r++) dsv4_xacc_store(out + r * w, x->base + r * 2 * w, x->base + r * 2 * w + w, w, 1);
 fail:

@@ -48,6 +48,10 @@ static inline int dsv4_xrows_add(dsv4_xrows *x, int64_t row, const float *t, int
   return bad;
 }
 
+/* While a backward's gradient sinks are active (model/wgrad.h), rows bound for a registered
+ * gradient tensor are merged into its exact sums instead (returns 1; 0: not registered). */
+int dsv4_xrows_redirect(const float *out, const int64_t *x, int64_t rows, int64_t w);
+
 /* Merges the copies, adds each row's exact sum into out (row r of the accumulator to
  * out + (r - r0) * w), frees; an error naming `what` if a term was bad. */
 dsv4_status dsv4_xrows_finish(dsv4_xrows *x, float *out, const char *what);

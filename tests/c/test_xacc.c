@@ -1,10 +1,12 @@
 /* test_xacc.c: the exact gradient sums (src/util/xacc.h, xrows.h) and the backward's products that
- * make gradients independent of the thread count (src/util/gemm.h: dsv4_rows_nn, dsv4_wgrad_tn). */
+ * make gradients independent of the thread count and the CP degree (src/util/gemm.h: dsv4_rows_nn;
+ * src/model/wgrad.h: weight gradients over global panels). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "testutil.h"
+#include "model/wgrad.h"
 #include "util/gemm.h"
 #include "util/par.h"
 #include "util/xrows.h"
@@ -162,27 +164,66 @@ static void rows_nn_panels(void) {
   dsv4_panel_scratch_release();
 }
 
-/* Weight gradients in shape-fixed blocks: 1 and 2 threads give the same bits, for both cut sides. */
-static void wgrad_any_threads(void) {
-  static const int64_t shape[][3] = {{4500, 40, 30}, {24, 6200, 20}, {300, 200, 33}}; /* 2, 3, 1 blocks */
+/* Weight gradients over global panels (model/wgrad.h), one rank: the rows given whole, or in
+ * pieces that cut panels (assembled again), or chunk by chunk into a sink, on 1 or 2 threads, give
+ * the same bits; and they are the product (reference loops, tolerance). Shapes of 1 and several
+ * C blocks; T = 1300 with P = 512 leaves a last panel of 276 rows. */
+static void wgrad_panels(void) {
+  static const int64_t shape[][2] = {{40, 30}, {700, 900}, {24, 2100}};
+  const int64_t T = 1300, P = 512;
+  int64_t *glob = malloc(sizeof(int64_t) * T);
+  for (int64_t i = 0; i < T; i++) glob[i] = i;
   for (size_t c = 0; c < sizeof shape / sizeof shape[0]; c++) {
-    const int64_t M = shape[c][0], N = shape[c][1], K = shape[c][2];
-    float *A = malloc(sizeof(float) * K * M), *B = malloc(sizeof(float) * K * N), *C1 = calloc(M * N, 4),
-          *C2 = calloc(M * N, 4), *R = calloc(M * N, 4);
-    tu_fill(A, K * M, 5, 1.0f);
-    tu_fill(B, K * N, 6, 1.0f);
+    const int64_t M = shape[c][0], N = shape[c][1];
+    float *A = malloc(sizeof(float) * T * M), *B = malloc(sizeof(float) * T * N), *R = calloc(M * N, 4);
+    float *C[4];
+    for (int k = 0; k < 4; k++) C[k] = calloc(M * N, 4);
+    tu_fill(A, T * M, 5 + c, 1.0f);
+    tu_fill(B, T * N, 6 + c, 1.0f);
+    const dsv4_wshape sh = {M, N, P, T};
     int old = dsv4_threads_enter(1);
-    dsv4_wgrad_tn(M, N, K, A, M, B, N, C1, N, DSV4_IMPL_FAST);
+    const dsv4_wpiece whole = {.n = T, .A = A, .B = B, .lda = M, .ldb = N, .glob = glob};
+    tu_ok(dsv4_wgrad_exact(NULL, &sh, &whole, 1, C[0], DSV4_IMPL_FAST, "test"), "wgrad whole");
     dsv4_threads_leave(old);
     old = dsv4_threads_enter(2);
-    dsv4_wgrad_tn(M, N, K, A, M, B, N, C2, N, DSV4_IMPL_FAST);
+    static const int64_t cut[] = {0, 100, 700, 1030, 1300}; /* pieces inside panels 0, 1 and 2 */
+    dsv4_wpiece pc[4];
+    for (int k = 0; k < 4; k++)
+      pc[k] = (dsv4_wpiece){.n = cut[k + 1] - cut[k], .A = A + cut[k] * M, .B = B + cut[k] * N, .lda = M, .ldb = N,
+                            .glob = glob + cut[k]};
+    tu_ok(dsv4_wgrad_exact(NULL, &sh, pc, 4, C[1], DSV4_IMPL_FAST, "test"), "wgrad in pieces");
+    dsv4_wsinks ks;
+    dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "test");
+    tu_ok(dsv4_wsinks_add_product(&ks, C[2], &sh), "sink");
+    for (int k = 0; k < 4; k++) tu_ok(dsv4_wsinks_product(&ks, C[2], &pc[k]), "sink chunk");
+    tu_ok(dsv4_wsinks_finish(&ks, NULL), "sink finish");
     dsv4_threads_leave(old);
-    dsv4_gemm_tn_ref(M, N, K, 1.0f, A, M, B, N, 1.0f, R, N);
-    tu_close("wgrad_tn vs reference loops", C1, R, M * N, 1e-5, 1.0);
-    tu_check(!memcmp(C1, C2, sizeof(float) * (size_t)(M * N)), "wgrad_tn %lld x %lld x %lld: 1 and 2 threads, same bits",
-             (long long)M, (long long)N, (long long)K);
-    free(A), free(B), free(C1), free(C2), free(R);
+    dsv4_gemm_tn_ref(M, N, T, 1.0f, A, M, B, N, 1.0f, R, N);
+    tu_close("wgrad vs reference loops", C[0], R, M * N, 1e-5, 1.0);
+    const size_t bytes = sizeof(float) * (size_t)(M * N);
+    tu_check(!memcmp(C[0], C[1], bytes) && !memcmp(C[0], C[2], bytes),
+             "wgrad %lld x %lld: whole (1 thread), pieces and chunked sinks (2 threads): the same bits", (long long)M,
+             (long long)N);
+    /* a padding row's A counts as zero whatever it holds */
+    uint8_t *keep = malloc((size_t)T);
+    for (int64_t i = 0; i < T; i++) keep[i] = i % 97 != 5;
+    for (int64_t i = 0; i < T; i++)
+      if (!keep[i]) A[i * M] = NAN;
+    const dsv4_wpiece masked = {.n = T, .A = A, .B = B, .lda = M, .ldb = N, .glob = glob, .keep = keep};
+    tu_ok(dsv4_wgrad_exact(NULL, &sh, &masked, 1, C[3], DSV4_IMPL_FAST, "test"), "wgrad masked");
+    int finite = 1;
+    for (int64_t e = 0; e < M * N; e++) finite &= isfinite(C[3][e]);
+    tu_check(finite, "wgrad: padding rows (NaN in their A) contribute nothing");
+    A[0] = INFINITY;
+    memset(C[3], 0, bytes);
+    tu_check(dsv4_wgrad_exact(NULL, &sh, &whole, 1, C[3], DSV4_IMPL_FAST, "wq_b") == DSV4_ERR_ARG &&
+                 strstr(dsv4_last_error(), "wq_b"),
+             "wgrad: a non-finite term is an error naming the product (%s)", dsv4_last_error());
+    free(keep);
+    for (int k = 0; k < 4; k++) free(C[k]);
+    free(A), free(B), free(R);
   }
+  free(glob);
 }
 
 static const tu_test TESTS[] = {
@@ -191,7 +232,7 @@ static const tu_test TESTS[] = {
   {"xacc", "refuses-bad-terms", refuses_bad_terms},
   {"xacc", "rows-any-threads", rows_any_threads},
   {"backward", "rows-nn-panels", rows_nn_panels},
-  {"backward", "wgrad-any-threads", wgrad_any_threads},
+  {"backward", "wgrad-panels", wgrad_panels},
 };
 
 int main(int argc, char **argv) { return tu_run(argc, argv, TESTS, (int)(sizeof TESTS / sizeof TESTS[0])); }

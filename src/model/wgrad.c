@@ -1,0 +1,726 @@
+/* wgrad.c: exact weight-gradient sums over global panels (wgrad.h). */
+#include "wgrad.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/err.h"
+#include "util/gemm.h"
+#include "util/par.h"
+#include "util/xacc.h"
+#include "util/xrows.h"
+
+/* C blocks: at most BLOCK_COLS columns and about BLOCK_ELEMS elements, so that a block's exact
+ * sums (256 KiB) and its fp32 product stay in the core's L2 cache while every panel is added into
+ * them: the exact add then costs a few percent of the panel's product (a 4 MiB block, from the
+ * last-level cache, cost 15 - 30% of the backward's weight products at 1024 tokens). The sums of
+ * SUPER_BLOCKS blocks (16 MiB) go to the other ranks in one all-reduce. */
+#define BLOCK_COLS 512
+#define BLOCK_ELEMS (1 << 18)
+#define SUPER_BLOCKS 4
+/* Message tags of the partial-panel rows (two per run: its A rows, its B rows). */
+#define WGRAD_TAG 21000
+#define WGRAD_TAGS 8000
+/* Partial runs a rank's first all-gather record holds (a rank has a few: its shard's two ends,
+ * a zigzag rank's four, a batch's per sequence). */
+#define RUNS_INLINE 16
+
+typedef struct {
+  const float *A, *B;
+  int64_t lda, ldb;
+  const uint8_t *keep;
+  int64_t g0, len;
+} wrun;
+
+typedef struct {
+  int64_t panel;
+  float *A, *B; /* [ext, M], [ext, N] in global row order */
+  int64_t have;
+} wpanel;
+
+static int64_t extent(const dsv4_wshape *s, int64_t panel) {
+  const int64_t left = s->T - panel * s->P;
+  return left < s->P ? left : s->P;
+}
+
+/* Runs of the pieces: consecutive rows of one global panel. */
+static dsv4_status runs_of(const dsv4_wshape *s, const dsv4_wpiece *pc, int n_pc, wrun **out, int64_t *n_out) {
+  dsv4_status rc = DSV4_OK;
+  int64_t total = 0, k = 0;
+  for (int p = 0; p < n_pc; p++) total += pc[p].n;
+  DSV4_ALLOC(*out, total + 1);
+  for (int p = 0; p < n_pc; p++) {
+    const dsv4_wpiece *q = &pc[p];
+    for (int64_t i = 0; i < q->n; i++) {
+      const int64_t g = q->glob[i];
+      DSV4_CHECK(g >= 0 && g < s->T, DSV4_ERR_STATE, "internal: weight-gradient row %lld outside [0, %lld)",
+                 (long long)g, (long long)s->T);
+      if (i == 0 || g != q->glob[i - 1] + 1 || g % s->P == 0)
+        (*out)[k++] = (wrun){q->A + i * q->lda, q->B + i * q->ldb, q->lda, q->ldb, q->keep ? q->keep + i : NULL, g, 0};
+      (*out)[k - 1].len++;
+    }
+  }
+  *n_out = k;
+  return DSV4_OK;
+fail:
+  free(*out);
+  *out = NULL;
+  return rc;
+}
+
+static int run_full(const dsv4_wshape *s, const wrun *r) { return r->len == extent(s, r->g0 / s->P); }
+
+static int run_masked(const wrun *r) {
+  for (int64_t i = 0; r->keep && i < r->len; i++)
+    if (!r->keep[i]) return 1;
+  return 0;
+}
+
+/* Rows of run r into dense rows: A [len, M] (kept rows; others zero), B [len, N]. */
+static void pack_run(const dsv4_wshape *s, const wrun *r, float *A, float *B) {
+  for (int64_t i = 0; i < r->len; i++) {
+    if (!r->keep || r->keep[i]) memcpy(A + i * s->M, r->A + i * r->lda, sizeof(float) * (size_t)s->M);
+    else memset(A + i * s->M, 0, sizeof(float) * (size_t)s->M);
+    memcpy(B + i * s->N, r->B + i * r->ldb, sizeof(float) * (size_t)s->N);
+  }
+}
+
+/* Partial runs (of every rank) to the owners of their panels (the rank holding the panel's first
+ * row); this rank's owned panels assembled in global row order. Collective. */
+static dsv4_status gather_partials(dsv4_comm *comm, const dsv4_wshape *s, const wrun *runs, int64_t n_runs,
+                                   wpanel **out, int64_t *n_out) {
+  dsv4_status rc = DSV4_OK;
+  const int N = comm ? comm->size : 1, me = comm ? comm->rank : 0;
+  const int64_t n_panels = (s->T + s->P - 1) / s->P;
+  int64_t *cnt = NULL, *meta = NULL, *all = NULL, *owner = NULL, *slot = NULL;
+  float *sendbuf = NULL;
+  dsv4_comm_req **reqs = NULL;
+  wpanel *pan = NULL;
+  int64_t n_pan = 0, n_req = 0;
+  int64_t mine = 0;
+  for (int64_t j = 0; j < n_runs; j++) mine += !run_full(s, &runs[j]);
+  /* One all-gather of a record of RUNS_INLINE runs (count first) usually says it all; a second
+   * one, of the longest list, when some rank has more. */
+  DSV4_ALLOC(cnt, N);
+  int64_t cmax = mine > RUNS_INLINE ? mine : RUNS_INLINE, total = 0;
+  DSV4_ALLOC(meta, 1 + 2 * cmax);
+  meta[0] = mine;
+  for (int64_t j = 0, k = 0; j < n_runs; j++)
+    if (!run_full(s, &runs[j])) meta[1 + 2 * k] = runs[j].g0, meta[2 + 2 * k] = runs[j].len, k++;
+  const int64_t rec = 1 + 2 * RUNS_INLINE;
+  DSV4_ALLOC(all, rec * N);
+  dsv4_comm_req *rq = NULL;
+  if (N > 1) {
+    DSV4_TRY(dsv4_comm_iallgather(comm, meta, all, sizeof(int64_t) * (size_t)rec, &rq));
+    DSV4_TRY(dsv4_comm_wait(comm, &rq, 1));
+  } else {
+    memcpy(all, meta, sizeof(int64_t) * (size_t)rec);
+  }
+  cmax = 0;
+  for (int r = 0; r < N; r++) cnt[r] = all[r * rec], cmax = cnt[r] > cmax ? cnt[r] : cmax, total += cnt[r];
+  *out = NULL;
+  *n_out = 0;
+  if (total == 0) goto fail; /* rc OK: nothing straddles */
+  if (cmax > RUNS_INLINE) { /* the long lists (the same decision on every rank) */
+    free(all);
+    all = NULL;
+    int64_t *m2 = NULL;
+    DSV4_ALLOC(m2, 2 * cmax);
+    memcpy(m2, meta + 1, sizeof(int64_t) * (size_t)(2 * mine));
+    DSV4_ALLOC(all, 2 * cmax * N);
+    if (N > 1) {
+      rc = dsv4_comm_iallgather(comm, m2, all, sizeof(int64_t) * (size_t)(2 * cmax), &rq);
+      if (rc == DSV4_OK) rc = dsv4_comm_wait(comm, &rq, 1);
+    } else {
+      memcpy(all, m2, sizeof(int64_t) * (size_t)(2 * cmax));
+    }
+    free(m2);
+    DSV4_TRY(rc);
+  } else { /* compact the records to the same layout: rank r's runs at all[2 (r cmax + k)] */
+    cmax = RUNS_INLINE;
+    for (int r = 0; r < N; r++) memmove(all + 2 * r * cmax, all + r * rec + 1, sizeof(int64_t) * (size_t)(2 * cmax));
+  }
+  /* the owner of a panel: the rank with its lowest row among the partial runs */
+  DSV4_ALLOC(owner, n_panels);
+  DSV4_ALLOC(slot, n_panels);
+  int64_t *low = slot; /* first used as the lowest row seen */
+  for (int64_t p = 0; p < n_panels; p++) owner[p] = -1, low[p] = INT64_MAX;
+  for (int r = 0; r < N; r++)
+    for (int64_t k = 0; k < cnt[r]; k++) {
+      const int64_t g0 = all[2 * (r * cmax + k)], p = g0 / s->P;
+      if (g0 < low[p]) low[p] = g0, owner[p] = r;
+    }
+  for (int64_t p = 0; p < n_panels; p++) slot[p] = -1;
+  for (int r = 0; r < N; r++)
+    for (int64_t k = 0; k < cnt[r]; k++) {
+      const int64_t p = all[2 * (r * cmax + k)] / s->P;
+      if (owner[p] == me && slot[p] < 0) slot[p] = n_pan++;
+    }
+  DSV4_ALLOC(pan, n_pan + 1);
+  for (int64_t p = 0; p < n_panels; p++)
+    if (slot[p] >= 0) {
+      wpanel *w = &pan[slot[p]];
+      const int64_t ext = extent(s, p);
+      w->panel = p;
+      DSV4_ALLOC(w->A, ext * s->M);
+      DSV4_ALLOC(w->B, ext * s->N);
+    }
+  DSV4_ALLOC(reqs, 2 * total + 1);
+  int64_t send_rows = 0;
+  for (int64_t j = 0; j < n_runs; j++)
+    if (!run_full(s, &runs[j]) && owner[runs[j].g0 / s->P] != me) send_rows += runs[j].len;
+  DSV4_ALLOC(sendbuf, send_rows * (s->M + s->N));
+  /* receives first, then sends; tags: the run's index in the gathered list */
+  int64_t base = 0;
+  for (int r = 0; r < N; r++) {
+    for (int64_t k = 0; k < cnt[r]; k++) {
+      const int64_t g0 = all[2 * (r * cmax + k)], len = all[2 * (r * cmax + k) + 1], p = g0 / s->P;
+      const int tag = WGRAD_TAG + (int)((2 * (base + k)) % WGRAD_TAGS);
+      if (owner[p] != me) continue;
+      wpanel *w = &pan[slot[p]];
+      w->have += len;
+      if (r == me) continue;
+      const int64_t at = g0 - p * s->P;
+      DSV4_TRY(dsv4_comm_irecv(comm, w->A + at * s->M, sizeof(float) * (size_t)(len * s->M), r, tag, &reqs[n_req++]));
+      DSV4_TRY(dsv4_comm_irecv(comm, w->B + at * s->N, sizeof(float) * (size_t)(len * s->N), r, tag + 1,
+                               &reqs[n_req++]));
+    }
+    base += cnt[r];
+  }
+  int64_t my_base = 0;
+  for (int r = 0; r < me; r++) my_base += cnt[r];
+  float *sb = sendbuf;
+  for (int64_t j = 0, k = 0; j < n_runs; j++) {
+    const wrun *ru = &runs[j];
+    if (run_full(s, ru)) continue;
+    const int64_t p = ru->g0 / s->P;
+    const int tag = WGRAD_TAG + (int)((2 * (my_base + k++)) % WGRAD_TAGS);
+    if (owner[p] == me) {
+      const int64_t at = ru->g0 - p * s->P;
+      pack_run(s, ru, pan[slot[p]].A + at * s->M, pan[slot[p]].B + at * s->N);
+      continue;
+    }
+    float *a = sb, *b = sb + ru->len * s->M;
+    pack_run(s, ru, a, b);
+    sb = b + ru->len * s->N;
+    DSV4_TRY(dsv4_comm_isend(comm, a, sizeof(float) * (size_t)(ru->len * s->M), (int)owner[p], tag, &reqs[n_req++]));
+    DSV4_TRY(dsv4_comm_isend(comm, b, sizeof(float) * (size_t)(ru->len * s->N), (int)owner[p], tag + 1,
+                             &reqs[n_req++]));
+  }
+  if (n_req) DSV4_TRY(dsv4_comm_wait(comm, reqs, (int)n_req));
+  n_req = 0;
+  for (int64_t q = 0; q < n_pan; q++)
+    DSV4_CHECK(pan[q].have == extent(s, pan[q].panel), DSV4_ERR_STATE,
+               "internal: weight-gradient panel %lld has %lld of its %lld rows", (long long)pan[q].panel,
+               (long long)pan[q].have, (long long)extent(s, pan[q].panel));
+  *out = pan;
+  *n_out = n_pan;
+  pan = NULL;
+fail:
+  if (n_req && comm) dsv4_comm_wait(comm, reqs, (int)n_req);
+  for (int64_t q = 0; pan && q < n_pan; q++) free(pan[q].A), free(pan[q].B);
+  free(pan);
+  free(cnt);
+  free(meta);
+  free(all);
+  free(owner);
+  free(slot);
+  free(sendbuf);
+  free(reqs);
+  return rc;
+}
+
+static void panels_free(wpanel *pan, int64_t n) {
+  for (int64_t q = 0; pan && q < n; q++) free(pan[q].A), free(pan[q].B);
+  free(pan);
+}
+
+typedef struct {
+  int64_t mb, nb, bm, bn; /* block rows and columns; blocks along M and N */
+} blocking;
+
+static blocking blocks_of(const dsv4_wshape *s) {
+  blocking b;
+  b.nb = s->N < BLOCK_COLS ? s->N : BLOCK_COLS;
+  b.mb = BLOCK_ELEMS / b.nb;
+  if (b.mb > s->M) b.mb = s->M;
+  if (b.mb < 1) b.mb = 1;
+  b.bm = (s->M + b.mb - 1) / b.mb;
+  b.bn = (s->N + b.nb - 1) / b.nb;
+  return b;
+}
+
+/* One panel's product restricted to block (m0, n0) [mb, nb]: fp32 into t, then added exactly into
+ * acc rows of width ldacc (hi at acc + r ldacc2 .., lo w further). Returns nonzero on a bad term. */
+static int add_panel(int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, const uint8_t *keep, int64_t len, float *t, float *za, int64_t *acc, int64_t wacc,
+                     int fresh, dsv4_impl impl) {
+  const float *a = A + m0;
+  int64_t la = lda;
+  if (keep) { /* padding rows: their A counts as zero */
+    for (int64_t i = 0; i < len; i++) {
+      if (keep[i]) memcpy(za + i * mb, A + i * lda + m0, sizeof(float) * (size_t)mb);
+      else memset(za + i * mb, 0, sizeof(float) * (size_t)mb);
+    }
+    a = za;
+    la = mb;
+  }
+  if (impl == DSV4_IMPL_NAIVE) dsv4_gemm_tn_ref(mb, nb, len, 1.0f, a, la, B + n0, ldb, 0.0f, t, nb);
+  else dsv4_gemm_tn(mb, nb, len, 1.0f, a, la, B + n0, ldb, 0.0f, t, nb);
+  int bad = 0;
+  for (int64_t r = 0; r < mb; r++) {
+    int64_t *h = acc + r * 2 * wacc;
+    bad |= fresh ? dsv4_xacc_set(h, h + wacc, t + r * nb, nb) : dsv4_xacc_add(h, h + wacc, t + r * nb, nb);
+  }
+  return bad;
+}
+
+/* Every full run and assembled panel into block b of acc (rows of width wacc, at the block's own
+ * offset: acc points at the block's first element). fresh: the block's sums start here (the first
+ * panel sets them, so they are never cleared and read back; no panel: zeroed). */
+static int add_block(const dsv4_wshape *s, const blocking *bl, int64_t b, const wrun *runs, int64_t n_runs,
+                     const wpanel *pan, int64_t n_pan, float *t, float *za, int64_t *acc, int64_t wacc, int fresh,
+                     dsv4_impl impl) {
+  const int64_t m0 = (b / bl->bn) * bl->mb, n0 = (b % bl->bn) * bl->nb;
+  const int64_t mb = m0 + bl->mb <= s->M ? bl->mb : s->M - m0, nb = n0 + bl->nb <= s->N ? bl->nb : s->N - n0;
+  int bad = 0;
+  for (int64_t j = 0; j < n_runs; j++) {
+    const wrun *r = &runs[j];
+    if (!run_full(s, r)) continue;
+    bad |= add_panel(m0, mb, n0, nb, r->A, r->lda, r->B, r->ldb, run_masked(r) ? r->keep : NULL, r->len, t, za, acc,
+                     wacc, fresh, impl);
+    fresh = 0;
+  }
+  for (int64_t q = 0; q < n_pan; q++) {
+    bad |= add_panel(m0, mb, n0, nb, pan[q].A, s->M, pan[q].B, s->N, NULL, extent(s, pan[q].panel), t, za, acc, wacc,
+                     fresh, impl);
+    fresh = 0;
+  }
+  for (int64_t r = 0; fresh && r < mb; r++) memset(acc + r * 2 * wacc, 0, sizeof(int64_t) * 2 * (size_t)nb);
+  return bad;
+}
+
+/* The streamed products' sums and fp32 blocks, kept by the calling thread from one product to the
+ * next of a backward (fresh blocks were faulted in and cleared by the kernel for every product),
+ * released at the end of the backward (dsv4_wsinks_finish / drop). */
+/* The calling thread's active sinks (dsv4_wsinks_begin .. finish / drop). */
+static _Thread_local dsv4_wsinks *active_sinks;
+
+static _Thread_local struct {
+  int64_t *acc;
+  float *tb;
+  int64_t n_acc, n_tb;
+} kept;
+
+static dsv4_status scratch(int64_t n_acc, int64_t n_tb, int64_t **acc, float **tb) {
+  dsv4_status rc = DSV4_OK;
+  if (n_acc > kept.n_acc) {
+    free(kept.acc);
+    kept.n_acc = 0;
+    DSV4_ALLOC(kept.acc, n_acc);
+    kept.n_acc = n_acc;
+  }
+  if (n_tb > kept.n_tb) {
+    free(kept.tb);
+    kept.n_tb = 0;
+    DSV4_ALLOC(kept.tb, n_tb);
+    kept.n_tb = n_tb;
+  }
+  *acc = kept.acc;
+  *tb = kept.tb;
+fail:
+  return rc;
+}
+
+static void scratch_release(void) {
+  free(kept.acc);
+  free(kept.tb);
+  memset(&kept, 0, sizeof kept);
+}
+
+static int64_t block_cols(const dsv4_wshape *s, const blocking *bl, int64_t b) {
+  const int64_t n0 = (b % bl->bn) * bl->nb;
+  return n0 + bl->nb <= s->N ? bl->nb : s->N - n0;
+}
+
+/* Block b's sums (rows of width block_cols, normalised here) added to C, rounded once. */
+static void store_block(const dsv4_wshape *s, const blocking *bl, int64_t b, int64_t *acc, float *C) {
+  const int64_t m0 = (b / bl->bn) * bl->mb, n0 = (b % bl->bn) * bl->nb;
+  const int64_t mb = m0 + bl->mb <= s->M ? bl->mb : s->M - m0, nb = block_cols(s, bl, b);
+  for (int64_t r = 0; r < mb; r++) {
+    int64_t *h = acc + r * 2 * nb;
+    dsv4_xacc_normalize(h, h + nb, nb);
+    dsv4_xacc_store(C + (m0 + r) * s->N + n0, h, h + nb, nb, 1);
+  }
+}
+
+static dsv4_status allreduce_i64(dsv4_comm *comm, int64_t *x, size_t n) {
+  if (!comm || comm->size < 2 || n == 0) return DSV4_OK;
+  return dsv4_comm_allreduce(comm, x, n, DSV4_RED_I64, DSV4_RED_SUM);
+}
+
+dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *shape, const dsv4_wpiece *pc, int n_pc, float *C,
+                             dsv4_impl impl, const char *what) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_wshape *s = shape;
+  wrun *runs = NULL;
+  wpanel *pan = NULL;
+  int64_t n_runs = 0, n_pan = 0, *acc = NULL;
+  float *tb = NULL;
+  int bad = 0;
+  if (s->M <= 0 || s->N <= 0) return DSV4_OK;
+  DSV4_TRY(runs_of(s, pc, n_pc, &runs, &n_runs));
+  DSV4_TRY(gather_partials(comm, s, runs, n_runs, &pan, &n_pan));
+  const blocking bl = blocks_of(s);
+  const int nt = dsv4_nthreads();
+  const int64_t nblocks = bl.bm * bl.bn, per = bl.mb * 2 * bl.nb;
+  const int64_t tper = bl.mb * bl.nb + s->P * bl.mb; /* the fp32 product, the zero-padded A */
+  /* One rank: each block stored while still in cache. N ranks: superblocks of N x kpr blocks, each
+   * rank's sums reduce-scattered to the rank that rounds kpr of the blocks, whose floats are then
+   * all-gathered: 16 + 4 bytes per element and rank instead of an all-reduce's 2 x 16. */
+  const int one = !comm || comm->size < 2, N = one ? 1 : comm->size, me = one ? 0 : comm->rank;
+  const int64_t kpr = one ? SUPER_BLOCKS : (SUPER_BLOCKS / N > 1 ? SUPER_BLOCKS / N : 1), sb = N * kpr;
+  const int64_t slice = kpr * per + 1, mbnb = bl.mb * bl.nb, fslice = kpr * mbnb + 1;
+  DSV4_TRY(scratch(N * slice + slice, tper * nt + (one ? 0 : (int64_t)N * fslice + fslice), &acc, &tb));
+  int64_t *mine = acc + N * slice;
+  float *fall = tb + tper * nt, *fmine = fall + (int64_t)N * fslice;
+  int64_t any_bad = 0;
+  for (int64_t b0 = 0; b0 < nblocks; b0 += sb) {
+    const int64_t nbk = nblocks - b0 < sb ? nblocks - b0 : sb;
+    bad = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(| : bad)
+    for (int64_t j = 0; j < (one ? nbk : sb); j++) {
+      int64_t *a = acc + (j / kpr) * slice + (j % kpr) * per;
+      if (j >= nbk) { /* the last superblock's missing blocks: zero sums */
+        memset(a, 0, sizeof(int64_t) * (size_t)per);
+        continue;
+      }
+      dsv4_blas_serial();
+      float *t = tb + dsv4_thread_id() * tper;
+      bad |= add_block(s, &bl, b0 + j, runs, n_runs, pan, n_pan, t, t + mbnb, a, block_cols(s, &bl, b0 + j), 1, impl);
+      if (one) store_block(s, &bl, b0 + j, a, C);
+    }
+    if (one) {
+      any_bad |= bad;
+      continue;
+    }
+    for (int r = 0; r < N; r++) acc[r * slice + kpr * per] = bad != 0; /* the flags travel with the sums */
+    DSV4_TRY(dsv4_comm_reduce_scatter(comm, acc, mine, (size_t)slice, DSV4_RED_I64));
+    for (int64_t q = 0; q < kpr; q++) { /* this rank's blocks, rounded once */
+      const int64_t j = me * kpr + q;
+      if (j >= nbk) continue;
+      const int64_t b = b0 + j, m0 = (b / bl.bn) * bl.mb, nb = block_cols(s, &bl, b);
+      const int64_t mb = m0 + bl.mb <= s->M ? bl.mb : s->M - m0;
+      for (int64_t r = 0; r < mb; r++) {
+        int64_t *h = mine + q * per + r * 2 * nb;
+        dsv4_xacc_normalize(h, h + nb, nb);
+        dsv4_xacc_store(fmine + q * mbnb + r * nb, h, h + nb, nb, 0);
+      }
+    }
+    fmine[kpr * mbnb] = (float)mine[kpr * per];
+    dsv4_comm_req *rq = NULL;
+    DSV4_TRY(dsv4_comm_iallgather(comm, fmine, fall, sizeof(float) * (size_t)fslice, &rq));
+    DSV4_TRY(dsv4_comm_wait(comm, &rq, 1));
+    any_bad |= fall[kpr * mbnb] != 0.0f;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t j = 0; j < nbk; j++) {
+      const int64_t b = b0 + j, m0 = (b / bl.bn) * bl.mb, n0 = (b % bl.bn) * bl.nb, nb = block_cols(s, &bl, b);
+      const int64_t mb = m0 + bl.mb <= s->M ? bl.mb : s->M - m0;
+      const float *v = fall + (j / kpr) * fslice + (j % kpr) * mbnb;
+      for (int64_t r = 0; r < mb; r++)
+        for (int64_t e = 0; e < nb; e++) C[(m0 + r) * s->N + n0 + e] += v[r * nb + e];
+    }
+  }
+  DSV4_CHECK(!any_bad, DSV4_ERR_ARG,
+             "%s: a weight-gradient term is not finite or not below 2^24 (the exact sums' range)", what);
+fail:
+  if (!active_sinks) scratch_release(); /* a call outside a backward keeps nothing */
+  free(runs);
+  panels_free(pan, n_pan);
+  return rc;
+}
+
+/* Elements of the whole-weight sinks a recomputed backward would need, and the floats of the rows
+ * that would replace them (dq and the rotated output, n x H D each; the indexer queries' d qI, d w). */
+static void keep_costs(const dsv4_config *cf, int selects, int64_t n, uint64_t *sink_bytes, uint64_t *row_bytes) {
+  const uint64_t H = (uint64_t)cf->n_heads, D = (uint64_t)cf->head_dim, dq = (uint64_t)cf->q_lora_rank;
+  const uint64_t G = (uint64_t)cf->o_groups, Ro = (uint64_t)cf->o_lora_rank, d = (uint64_t)cf->dim;
+  const uint64_t Hi = (uint64_t)cf->index_n_heads, Di = (uint64_t)cf->index_head_dim;
+  uint64_t el = G * Ro * (H / G) * D + H * D * dq, row = 2 * H * D;
+  if (selects) el += Hi * Di * dq + Hi * d, row += Hi * Di + Hi;
+  *sink_bytes = el * (2 * sizeof(int64_t) + sizeof(float));
+  *row_bytes = (uint64_t)(n > 0 ? n : 0) * row * sizeof(float);
+}
+
+int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n) {
+  uint64_t sinks, rows;
+  keep_costs(cf, selects, n, &sinks, &rows);
+  return rows <= sinks;
+}
+
+uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int threads, int64_t n) {
+  const uint64_t per_thread = sizeof(float) * (uint64_t)BLOCK_ELEMS * (1 + 512u / BLOCK_COLS);
+  const uint64_t streamed = (uint64_t)SUPER_BLOCKS * BLOCK_ELEMS * 2 * sizeof(int64_t) * 2;
+  uint64_t sinks = 0, rows = 0;
+  keep_costs(cf, selects, n, &sinks, &rows);
+  const uint64_t kept = recompute ? (rows <= sinks ? rows : sinks) : 0;
+  return kept + streamed + per_thread * (uint64_t)(threads > 1 ? threads : 1);
+}
+
+/* ---- sinks ----------------------------------------------------------------------------------- */
+
+void dsv4_wsinks_begin(dsv4_wsinks *s, dsv4_impl impl, const char *what) {
+  memset(s, 0, sizeof *s);
+  s->impl = impl;
+  s->what = what;
+  s->active = 1;
+  active_sinks = s;
+}
+
+dsv4_wsink *dsv4_wsinks_of(dsv4_wsinks *s, const float *out) {
+  for (int i = 0; s && i < s->count; i++)
+    if (s->s[i].out == out) return &s->s[i];
+  return NULL;
+}
+
+dsv4_status dsv4_wsinks_add(dsv4_wsinks *s, float *out, int64_t n, int64_t w, int64_t *external, int local) {
+  dsv4_status rc = DSV4_OK;
+  if (!out || n <= 0 || dsv4_wsinks_of(s, out)) return DSV4_OK;
+  DSV4_CHECK(s->count < DSV4_WSINKS_MAX, DSV4_ERR_STATE, "internal: too many gradient sinks");
+  DSV4_CHECK(w > 0 && n % w == 0, DSV4_ERR_STATE, "internal: sink of %lld elements in rows of %lld", (long long)n,
+             (long long)w);
+  dsv4_wsink *k = &s->s[s->count];
+  memset(k, 0, sizeof *k);
+  k->out = out, k->n = n, k->w = w, k->local = local;
+  if (external) {
+    k->acc = external;
+    k->external = 1;
+  } else {
+    DSV4_ALLOC(k->acc, 2 * n);
+  }
+  if (!local) {
+    DSV4_ALLOC(k->g0, n);
+    memcpy(k->g0, out, sizeof(float) * (size_t)n);
+  }
+  memset(out, 0, sizeof(float) * (size_t)n); /* what a reference path adds here is settled at finish */
+  s->count++;
+fail:
+  if (rc != DSV4_OK && s->count < DSV4_WSINKS_MAX) {
+    if (!s->s[s->count].external) free(s->s[s->count].acc);
+    free(s->s[s->count].g0);
+    memset(&s->s[s->count], 0, sizeof s->s[s->count]);
+  }
+  return rc;
+}
+
+dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape *shape) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_TRY(dsv4_wsinks_add(s, C, shape->M * shape->N, shape->N, NULL, 0));
+  dsv4_wsinks_of(s, C)->shape = *shape;
+fail:
+  return rc;
+}
+
+/* Element e of sink k += t (serial). */
+static int add_elem(dsv4_wsink *k, int64_t e, float t) {
+  const int64_t r = e / k->w, c = e % k->w;
+  int64_t *h = k->acc + r * 2 * k->w + c;
+  return dsv4_xacc_add1(h, h + k->w, t);
+}
+
+dsv4_status dsv4_wsinks_terms(dsv4_wsinks *s, const float *out, const float *t, int64_t n) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_wsink *k = dsv4_wsinks_of(s, out);
+  DSV4_CHECK(k && n <= k->n, DSV4_ERR_STATE, "internal: gradient terms for an unregistered tensor");
+  int bad = 0;
+  for (int64_t e = 0; e < n; e++) bad |= add_elem(k, e, t[e]);
+  s->bad |= bad;
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_wsinks_settle(dsv4_wsinks *s, dsv4_wsink *k) {
+  int bad = 0;
+  for (int64_t e = 0; e < k->n; e++)
+    if (k->out[e] != 0.0f) bad |= add_elem(k, e, k->out[e]), k->out[e] = 0.0f;
+  s->bad |= bad;
+  return DSV4_OK;
+}
+
+/* Rows of partial panels kept for finish (copies: the chunk's buffers are reused). */
+static dsv4_status stash(dsv4_wsink *k, const wrun *r) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_wshape *s = &k->shape;
+  if (k->ns + r->len > k->cap) {
+    int64_t cap = k->cap ? 2 * k->cap : 2 * s->P;
+    while (cap < k->ns + r->len) cap *= 2;
+    float *a = realloc(k->sa, sizeof(float) * (size_t)(cap * s->M));
+    DSV4_CHECK(a, DSV4_ERR_NOMEM, "out of memory for kept weight-gradient rows");
+    k->sa = a;
+    float *b = realloc(k->sb, sizeof(float) * (size_t)(cap * s->N));
+    DSV4_CHECK(b, DSV4_ERR_NOMEM, "out of memory for kept weight-gradient rows");
+    k->sb = b;
+    int64_t *g = realloc(k->sg, sizeof(int64_t) * (size_t)cap);
+    DSV4_CHECK(g, DSV4_ERR_NOMEM, "out of memory for kept weight-gradient rows");
+    k->sg = g;
+    k->cap = cap;
+  }
+  pack_run(s, r, k->sa + k->ns * s->M, k->sb + k->ns * s->N);
+  for (int64_t i = 0; i < r->len; i++) k->sg[k->ns + i] = r->g0 + i;
+  k->ns += r->len;
+fail:
+  return rc;
+}
+
+/* Runs (full ones, and assembled panels) into the whole accumulator of product sink k. */
+static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel *pan, int64_t n_pan,
+                   dsv4_impl impl, dsv4_status *rc) {
+  const dsv4_wshape *s = &k->shape;
+  const blocking bl = blocks_of(s);
+  const int nt = dsv4_nthreads();
+  const int64_t tper = bl.mb * bl.nb + s->P * bl.mb;
+  float *tb = malloc(sizeof(float) * (size_t)(tper * nt));
+  int bad = 0;
+  if (!tb) {
+    *rc = dsv4__err(DSV4_ERR_NOMEM, __FILE__, __LINE__, "out of memory for a weight-gradient block");
+    return 0;
+  }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(| : bad)
+  for (int64_t b = 0; b < bl.bm * bl.bn; b++) {
+    dsv4_blas_serial();
+    const int64_t m0 = (b / bl.bn) * bl.mb, n0 = (b % bl.bn) * bl.nb;
+    float *t = tb + dsv4_thread_id() * tper;
+    bad |= add_block(s, &bl, b, runs, n_runs, pan, n_pan, t, t + bl.mb * bl.nb, k->acc + m0 * 2 * s->N + n0, s->N, 0,
+                     impl);
+  }
+  free(tb);
+  return bad;
+}
+
+dsv4_status dsv4_wsinks_product(dsv4_wsinks *s, float *C, const dsv4_wpiece *pc) {
+  dsv4_status rc = DSV4_OK;
+  wrun *runs = NULL;
+  int64_t n_runs = 0;
+  dsv4_wsink *k = dsv4_wsinks_of(s, C);
+  DSV4_CHECK(k && k->shape.M > 0, DSV4_ERR_STATE, "internal: product into an unregistered gradient");
+  DSV4_TRY(runs_of(&k->shape, pc, 1, &runs, &n_runs));
+  for (int64_t j = 0; j < n_runs; j++)
+    if (!run_full(&k->shape, &runs[j])) DSV4_TRY(stash(k, &runs[j]));
+  s->bad |= add_all(k, runs, n_runs, NULL, 0, s->impl, &rc);
+fail:
+  free(runs);
+  return rc;
+}
+
+/* A product sink's kept rows: to their panels' owners, added there. Collective. */
+static dsv4_status finish_partials(dsv4_wsinks *s, dsv4_wsink *k, dsv4_comm *comm) {
+  dsv4_status rc = DSV4_OK;
+  wrun *runs = NULL;
+  wpanel *pan = NULL;
+  int64_t n_runs = 0, n_pan = 0;
+  const dsv4_wpiece pc = {.n = k->ns, .A = k->sa, .B = k->sb, .lda = k->shape.M, .ldb = k->shape.N, .glob = k->sg};
+  DSV4_TRY(runs_of(&k->shape, &pc, 1, &runs, &n_runs));
+  DSV4_TRY(gather_partials(comm, &k->shape, runs, n_runs, &pan, &n_pan));
+  /* kept rows of consecutive chunks may fill a panel by themselves: those runs are full here */
+  s->bad |= add_all(k, runs, n_runs, pan, n_pan, s->impl, &rc);
+fail:
+  if (!active_sinks) scratch_release(); /* a call outside a backward keeps nothing */
+  free(runs);
+  panels_free(pan, n_pan);
+  return rc;
+}
+
+static void sink_free(dsv4_wsink *k) {
+  if (!k->external) free(k->acc);
+  free(k->g0);
+  free(k->sa);
+  free(k->sb);
+  free(k->sg);
+  memset(k, 0, sizeof *k);
+}
+
+/* Frees the sinks; restore: every tensor back to its registered value (an error path leaves no
+ * partial sum behind). */
+static void release(dsv4_wsinks *s, int restore) {
+  if (active_sinks == s) active_sinks = NULL;
+  scratch_release();
+  for (int i = 0; i < s->count; i++) {
+    if (restore && s->s[i].g0) memcpy(s->s[i].out, s->s[i].g0, sizeof(float) * (size_t)s->s[i].n);
+    sink_free(&s->s[i]);
+  }
+  s->count = 0;
+  s->active = 0;
+}
+
+/* Sink k's sums (all-reduced) into its tensor: registered value + sum, rounded once. */
+static void store_sink(dsv4_wsink *k) {
+  const int64_t rows = k->n / k->w;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t *h = k->acc + r * 2 * k->w;
+    dsv4_xacc_normalize(h, h + k->w, k->w);
+    for (int64_t e = 0; e < k->w; e++) k->out[r * k->w + e] = k->g0[r * k->w + e] + dsv4_xacc_value(h[e], h[k->w + e]);
+  }
+}
+
+dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_comm *comm) {
+  dsv4_status rc = DSV4_OK;
+  int64_t *vec = NULL, nv = 0;
+  if (active_sinks == s) active_sinks = NULL;
+  /* product sinks (recomputation): their kept rows, then their sums in messages of <= 4096 rows */
+  for (int i = 0; i < s->count; i++) {
+    dsv4_wsink *k = &s->s[i];
+    DSV4_TRY(dsv4_wsinks_settle(s, k)); /* local ones' sums outlive this set when external */
+    if (k->local || k->shape.M == 0) continue;
+    DSV4_TRY(finish_partials(s, k, comm));
+    const int64_t rows = k->n / k->w;
+    for (int64_t r0 = 0; r0 < rows; r0 += 4096) {
+      const int64_t nr = rows - r0 < 4096 ? rows - r0 : 4096;
+      DSV4_TRY(allreduce_i64(comm, k->acc + r0 * 2 * k->w, (size_t)(nr * 2 * k->w)));
+    }
+    store_sink(k);
+  }
+  /* the vector sinks in one message, with the ranks' bad-term flags */
+  for (int i = 0; i < s->count; i++)
+    if (!s->s[i].local && s->s[i].shape.M == 0) nv += 2 * s->s[i].n;
+  DSV4_ALLOC(vec, nv + 1);
+  int64_t at = 0;
+  for (int i = 0; i < s->count; i++)
+    if (!s->s[i].local && s->s[i].shape.M == 0)
+      memcpy(vec + at, s->s[i].acc, sizeof(int64_t) * (size_t)(2 * s->s[i].n)), at += 2 * s->s[i].n;
+  vec[nv] = s->bad != 0;
+  DSV4_TRY(allreduce_i64(comm, vec, (size_t)(nv + 1)));
+  DSV4_CHECK(!vec[nv], DSV4_ERR_ARG, "%s: a gradient term is not finite or not below 2^24 (the exact sums' range)",
+             s->what);
+  at = 0;
+  for (int i = 0; i < s->count; i++)
+    if (!s->s[i].local && s->s[i].shape.M == 0) {
+      memcpy(s->s[i].acc, vec + at, sizeof(int64_t) * (size_t)(2 * s->s[i].n)), at += 2 * s->s[i].n;
+      store_sink(&s->s[i]);
+    }
+fail:
+  free(vec);
+  release(s, rc != DSV4_OK);
+  return rc;
+}
+
+void dsv4_wsinks_drop(dsv4_wsinks *s) { release(s, 1); }
+
+/* The hook util/xrows.c calls (declared there). */
+int dsv4_xrows_redirect(const float *out, const int64_t *x, int64_t rows, int64_t w) {
+  dsv4_wsinks *s = active_sinks;
+  for (int i = 0; s && i < s->count; i++) {
+    dsv4_wsink *k = &s->s[i];
+    if (!(out >= k->out && out + rows * w <= k->out + k->n)) continue;
+    const int64_t off = out - k->out;
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t e = 0; e < w; e++) {
+        const int64_t q = off + r * w + e, kr = q / k->w, kc = q % k->w;
+        int64_t *h = k->acc + kr * 2 * k->w + kc;
+        const int64_t *src = x + r * 2 * w + e;
+        dsv4_xacc_merge(h, h + k->w, src, src + w, 1);
+      }
+    return 1;
+  }
+  return 0;
+}

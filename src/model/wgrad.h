@@ -1,0 +1,109 @@
+/* wgrad.h: weight gradients that are the same bits for every CP degree, split and thread count.
+ *
+ * A weight gradient is a sum over the stream's token rows, dW = sum_i A_i^T B_i (A_i the row's
+ * output gradient, B_i its input). Its rows are taken in the forward's global panels (P rows
+ * aligned to global multiples of P, the last one T - k P): each panel's product is one
+ * single-threaded BLAS call whose shape only the panel decides, so its fp32 bits do not depend on
+ * which rank or thread computes it. The panels' products are then added exactly (util/xacc.h:
+ * integers on a fixed grid, inside a rank and across ranks by an int64 all-reduce) and rounded
+ * once: the order in which ranks, chunks and threads meet the panels no longer matters. A panel
+ * whose rows lie on several ranks (a shard boundary inside it: zigzag at short lengths, odd N) is
+ * computed by the rank that holds its first row; the others send it their rows.
+ *
+ * Two ways in:
+ *   dsv4_wgrad_exact   every row of the product is at hand (the default mode's deferred products,
+ *                      the key and compressor weights): streamed block by block of C, each block's
+ *                      sums all-reduced and rounded at once; memory: a few blocks.
+ *   dsv4_wsinks        sums that grow over calls (a recomputed backward's per-chunk products, the
+ *                      vector gradients every operator adds into): one exact accumulator per
+ *                      registered gradient tensor (16 bytes per element), all-reduced and rounded
+ *                      by dsv4_wsinks_finish. While sinks are active, an operator's exact row sums
+ *                      (util/xrows.h dsv4_xrows_finish) into a registered tensor land in its
+ *                      accumulator instead of being rounded. */
+#ifndef DSV4_WGRAD_H
+#define DSV4_WGRAD_H
+
+#include <stdint.h>
+
+#include "cp/comm.h"
+#include "dsv4cp.h"
+
+/* Rows of one product C [M, N] += sum_i A_i^T B_i: n local rows, row i of A at A + i lda and of B
+ * at B + i ldb, global index glob[i] (consecutive inside a piece), keep[i] == 0: the row's A is
+ * taken as zero (padding rows, whose output gradient is ignored). */
+typedef struct {
+  int64_t n;
+  const float *A, *B;
+  int64_t lda, ldb;
+  const int64_t *glob;
+  const uint8_t *keep; /* NULL: every row */
+} dsv4_wpiece;
+
+typedef struct {
+  int64_t M, N; /* C is [M, N], row-major, contiguous */
+  int64_t P, T; /* panel rows (the forward's); global rows of the stream (or of the compressed
+                   sequence) */
+} dsv4_wshape;
+
+/* Collective over comm (NULL: one rank): C += the rank-summed gradient of the pieces. A bad term
+ * (non-finite, or a panel's product not below 2^24) on any rank fails every rank, naming `what`;
+ * C may then hold some blocks' sums. */
+dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *s, const dsv4_wpiece *pc, int n_pc, float *C,
+                             dsv4_impl impl, const char *what);
+
+/* A recomputed backward (no q, o kept) of n local rows keeps the rows of its chunk-by-chunk weight
+ * products (dq, the rotated output, the indexer queries' gradients: n x (2 H D + ...) floats) for
+ * products at the end when they take no more memory than whole-weight sinks (16 bytes of sums and
+ * a 4-byte copy per element of wo_a, wq_b and the indexer's query projections); else sinks. n is
+ * the same on every rank, so every rank makes the same choice (the collectives follow it). */
+int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n);
+/* Bytes the weight-gradient sums and rows hold at most during one backward, for the planner (the
+ * choice above with recomputation, the streamed products' blocks). Not counted: the rows of panels
+ * that straddle ranks (a panel's rows of each product, on the rank that computes it). */
+uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int threads, int64_t n);
+
+#define DSV4_WSINKS_MAX 40
+
+typedef struct {
+  float *out;        /* the gradient tensor (zeroed while registered; restored + sum at finish) */
+  float *g0;         /* out's value at registration */
+  int64_t n, w;      /* elements; accumulator row width */
+  int64_t *acc;      /* [n / w rows] x [2 w]: xacc rows */
+  int external;      /* acc belongs to the caller (shared across layer calls): not freed */
+  int local;         /* an intermediate sum: not all-reduced, not stored (its user reads acc) */
+  dsv4_wshape shape; /* product sinks (M > 0): rows of partial panels kept for finish */
+  float *sa, *sb;
+  int64_t *sg;
+  uint8_t *sk;
+  int64_t ns, cap;
+} dsv4_wsink;
+
+typedef struct {
+  dsv4_wsink s[DSV4_WSINKS_MAX];
+  int count, bad, active;
+  dsv4_impl impl;
+  const char *what;
+} dsv4_wsinks;
+
+/* Starts a set (and makes it the calling thread's active one for dsv4_xrows_finish). */
+void dsv4_wsinks_begin(dsv4_wsinks *s, dsv4_impl impl, const char *what);
+/* Registers tensor out [n] with accumulator rows of width w (external: the caller's zeroed
+ * accumulator, local: see above). A tensor registered twice is one sink. */
+dsv4_status dsv4_wsinks_add(dsv4_wsinks *s, float *out, int64_t n, int64_t w, int64_t *external, int local);
+/* A product sink: C [M, N] (registered as a tensor of M N elements, row width N). */
+dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape *shape);
+/* The sink of out (NULL: none). */
+dsv4_wsink *dsv4_wsinks_of(dsv4_wsinks *s, const float *out);
+/* Terms t [rows, w'] added to the sink of out element by element (serial). */
+dsv4_status dsv4_wsinks_terms(dsv4_wsinks *s, const float *out, const float *t, int64_t n);
+/* A chunk's rows of a product into its sink: whole panels now, partial ones kept. */
+dsv4_status dsv4_wsinks_product(dsv4_wsinks *s, float *C, const dsv4_wpiece *pc);
+/* A local sink's floats (what a reference path added to out) into its sums; out zeroed. */
+dsv4_status dsv4_wsinks_settle(dsv4_wsinks *s, dsv4_wsink *k);
+/* Collective: partial panels to their owners, sums all-reduced, every non-local tensor set to
+ * its registered value + the sum (rounded once); frees; the set is inactive after. */
+dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_comm *comm);
+/* Frees without storing (error paths). */
+void dsv4_wsinks_drop(dsv4_wsinks *s);
+
+#endif
