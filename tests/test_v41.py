@@ -164,7 +164,7 @@ def test_bytes_plan(build):
                                                                                     "saved_bytes_match_plan")}))
 
 
-SWEEP_RUNS = 40
+SWEEP_RUNS = 24  # 12 in the sanitizer pass (the suite's time budget; test_determinism covers V4.1 across N too)
 
 
 def test_sweep(build, bitwise):
@@ -173,7 +173,7 @@ def test_sweep(build, bitwise):
     `dsv4cp check --layers 0-9`: forward, top-k and losses bitwise equal to CP = 1, gradients within
     SPEC 6's tolerance. Seeded: a failure names the command that reproduces it."""
     rng = np.random.default_rng(41)
-    for i in range(SWEEP_RUNS):
+    for i in range(SWEEP_RUNS // 2 if T.sanitized() else SWEEP_RUNS):
         seq = int(rng.choice([24, 48, 72, 96]))
         lo = int(rng.integers(1, 4))
         hi = int(rng.integers(lo, 40))
