@@ -10,11 +10,11 @@
 #include "util/xacc.h"
 #include "util/xrows.h"
 
-/* C blocks: at most BLOCK_COLS columns and about BLOCK_ELEMS elements, so that a block's exact
- * sums (256 KiB) and its fp32 product stay in the core's L2 cache while every panel is added into
- * them: the exact add then costs a few percent of the panel's product (a 4 MiB block, from the
- * last-level cache, cost 15 - 30% of the backward's weight products at 1024 tokens). The sums of
- * SUPER_BLOCKS blocks (16 MiB) go to the other ranks in one all-reduce. */
+/* C blocks: at most BLOCK_COLS columns and about BLOCK_ELEMS elements: a block's exact sums (4 MiB)
+ * stay in the last-level cache while every panel is added into them, and its products are large
+ * enough to keep BLAS packing small (docs/perf.md: 256 KiB blocks paid more in packing than they
+ * saved). Under CP, superblocks of SUPER_BLOCKS blocks (per rank count) are reduce-scattered at
+ * once. */
 #define BLOCK_COLS 512
 #define BLOCK_ELEMS (1 << 18)
 #define SUPER_BLOCKS 4

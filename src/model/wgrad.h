@@ -5,7 +5,7 @@
  * aligned to global multiples of P, the last one T - k P): each panel's product is one
  * single-threaded BLAS call whose shape only the panel decides, so its fp32 bits do not depend on
  * which rank or thread computes it. The panels' products are then added exactly (util/xacc.h:
- * integers on a fixed grid, inside a rank and across ranks by an int64 all-reduce) and rounded
+ * integers on a fixed grid, inside a rank, and across ranks by an int64 reduce-scatter) and rounded
  * once: the order in which ranks, chunks and threads meet the panels no longer matters. A panel
  * whose rows lie on several ranks (a shard boundary inside it: zigzag at short lengths, odd N) is
  * computed by the rank that holds its first row; the others send it their rows.
