@@ -25,7 +25,7 @@ def main():
             (4, 2, ["--doc-lengths", "50:300", "--split", "zigzag"]), (2, 1, ["--recompute"]))
     for n, layer, extra in runs:
         rc, o, e = T.cli(a.build, ["bench", "--preset", "tiny", "--layer", str(layer), "--seq", "768", "--reps", "1",
-                                   "--threads", "1", "--json", res] + extra, nranks=n, timeout=120)
+                                   "--threads", "1", "--sgemm-size", "256", "--json", res] + extra, nranks=n, timeout=120)
         T.check(rc == 0, f"bench smoke N={n} layer {layer} {' '.join(extra)} runs", (e or o).strip()[-200:])
     recs = [json.loads(l) for l in open(res)] if os.path.exists(res) else []
     T.check(len(recs) == len(runs) and all(r["gflops"] > 0 and r["fwd_s"] > 0 for r in recs),

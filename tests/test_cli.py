@@ -81,7 +81,7 @@ def test_summary_and_progress(build, tmp):
     # not a terminal: no progress line anywhere
     for args in (["train", "--preset", "tiny", "--layer", "0", "--seq", "64", "--steps", "2"],
                  ["check", "--preset", "tiny", "--layer", "0", "--seq", "64"],
-                 ["bench", "--preset", "tiny", "--layer", "0", "--seq", "64", "--reps", "1"]):
+                 ["bench", "--preset", "tiny", "--layer", "0", "--seq", "64", "--reps", "1", "--sgemm-size", "256"]):
         rc, out, err = T.cli(build, args, nranks=2)
         T.check(rc == 0 and "\r" not in out + err and "elapsed" not in out + err,
                 f"cli {args[0]}: no progress line when output is not a terminal", f"exit {rc} {err.strip()[-120:]}")
@@ -216,6 +216,8 @@ def main():
     expect_error(b, "dout of the wrong shape", ["run"] + args + ["--output", out], "dout")
     expect_error(b, "unwritable output", ["run"] + base + ["--output", "/nonexistent/dir/out.safetensors"], "--output")
     expect_error(b, "non-numeric --seed", ["run", "--preset", "tiny", "--layer", "0", "--seed", "x", "--output", out], "--seed")
+    expect_error(b, "bench --sgemm-size out of range", ["bench", "--preset", "tiny", "--layer", "0", "--sgemm-size",
+                                                         "9"], "--sgemm-size")
     expect_error(b, "bad --split", ["run", "--preset", "tiny", "--layer", "0", "--split", "diagonal", "--output", out],
                  "--split")
     expect_error(b, "bad input on 2 ranks", with_input("width2", {"x": x[:, :-2], "cu_seqlens": cu}), "width", nranks=2)

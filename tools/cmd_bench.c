@@ -16,7 +16,7 @@
 #include "dsv4cp_mpi.h"
 #include "job.h"
 
-#define SGEMM_N 2048
+#define SGEMM_N 2048 /* the reference sgemm's default size (--sgemm-size) */
 #define SGEMM_REPS 5
 #define DEFAULT_REPS 3
 #define BLOCKING_REPS 5
@@ -31,12 +31,11 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* GFLOP/s of cblas_sgemm (SGEMM_N cubed, NT like the projections) with this rank's threads, every
+/* GFLOP/s of cblas_sgemm (n cubed, NT like the projections) with this rank's threads, every
  * rank at once: the best of `reps` calls after a warm-up (the best: a noisy neighbour must not make
  * our fraction look larger than it is). Measured right before every timed run (the fraction of
  * that run) and, for the report's reference column, before and after all runs. */
-static double sgemm_rate(cli_ctx *c, int reps) {
-  const size_t n = SGEMM_N;
+static double sgemm_rate(cli_ctx *c, size_t n, int reps) {
   float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n), *o = malloc(sizeof(float) * n * n);
   double best = 0;
   if (!a || !b || !o) return NAN;
@@ -100,8 +99,8 @@ static void range_stats(dsv4_layer **l, int nl, dsv4_cp_stats *sum) {
 
 /* Runs reps forward + backward passes of the range (forwards in order with one shared state,
  * backwards in reverse); returns rank-local medians. */
-static int measure(cli_ctx *c, job *j, dsv4_layer **l, int reps, int warmup, timing *tm, dsv4_cp_stats *st,
-                   size_t *saved) {
+static int measure(cli_ctx *c, job *j, dsv4_layer **l, int reps, int warmup, size_t sgemm_n, timing *tm,
+                   dsv4_cp_stats *st, size_t *saved) {
   const int64_t n = j->n, d = j->cfg.dim, k = j->cfg.index_topk;
   const int nl = j->n_lay;
   float *out = malloc(sizeof(float) * (size_t)(nl * n * d + 1)), *dx = malloc(sizeof(float) * (size_t)(n * d + 1));
@@ -123,7 +122,7 @@ static int measure(cli_ctx *c, job *j, dsv4_layer **l, int reps, int warmup, tim
     for (int i = 0; i < nl && r == 0 && cp; i++) dsv4_cp_stats_reset(dsv4_layer_core(l[i]));
     dsv4_cp_stats before = DSV4_CP_STATS_INIT, after = DSV4_CP_STATS_INIT;
     if (cp) range_stats(l, nl, &before);
-    double gemm = r >= 0 ? sgemm_rate(c, 2) : 0; /* this moment's rate, all ranks together */
+    double gemm = r >= 0 ? sgemm_rate(c, sgemm_n, 2) : 0; /* this moment's rate, all ranks together */
     MPI_Allreduce(MPI_IN_PLACE, &gemm, 1, MPI_DOUBLE, MPI_SUM, c->comm);
     dsv4_shared_reset(sh);
     MPI_Barrier(c->comm);
@@ -285,12 +284,14 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
       "object to --json. `make bench` (bench/run_bench.sh) runs the whole report. On a terminal, a\n"
       "progress line on stderr.";
   job_opts o = {.random_dout = 1};
-  const char *reps_s = NULL, *json = NULL, *threads = NULL, *warmup_s = NULL;
+  const char *reps_s = NULL, *json = NULL, *threads = NULL, *warmup_s = NULL, *sgemm_s = NULL;
   int header = 0;
   cli_opt opts[24];
   int k = job_common_opts(&o, opts, JOB_CMD_BENCH);
   opts[k++] = (cli_opt){"reps", "K", "timed repetitions after the warm-up (default 3)", &reps_s, NULL};
   opts[k++] = (cli_opt){"warmup", "W", "untimed calls before them (default 1; 0 for very long runs)", &warmup_s, NULL};
+  opts[k++] = (cli_opt){"sgemm-size", "N", "the reference cblas_sgemm's size, N cubed (default 2048; smaller for a "
+                                          "quick smoke run, whose fraction then means little)", &sgemm_s, NULL};
   opts[k++] = (cli_opt){"json", "FILE", "append the result as one JSON object per line", &json, NULL};
   opts[k++] = (cli_opt){"threads", "N", "OpenMP threads per rank (default: cores / ranks on the node)", &threads, NULL};
   opts[k++] = (cli_opt){"header", NULL, "print the column names first", NULL, &header};
@@ -302,6 +303,8 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   if (p == 0 && reps_s) cli_int(c, "reps", reps_s, 1, 1000, &reps);
   int64_t warmup = 1;
   if (p == 0 && warmup_s) cli_int(c, "warmup", warmup_s, 0, 100, &warmup);
+  int64_t sgemm_n = SGEMM_N;
+  if (p == 0 && sgemm_s) cli_int(c, "sgemm-size", sgemm_s, 16, 8192, &sgemm_n);
   if (!c->err[0]) cli_set_threads(c, threads);
   if (cli_sync(c)) return 1;
   if (header)
@@ -321,11 +324,11 @@ int cmd_bench(cli_ctx *c, int argc, char **argv) {
   progress_start(&prog, c->rank, 0, "dsv4cp bench");
   c->progress = &prog;
   if (!cli_sync(c)) {
-    double gemm = sgemm_rate(c, SGEMM_REPS);
+    double gemm = sgemm_rate(c, (size_t)sgemm_n, SGEMM_REPS);
     if (!(l = calloc((size_t)j.n_lay, sizeof *l))) cli_error(c, "out of memory");
     for (int i = 0; l && i < j.n_lay && !c->err[0]; i++) job_make_layer(c, &j, i, 1, &l[i], &comm);
-    if (!cli_sync(c) && measure(c, &j, l, (int)reps, (int)warmup, &tm, &st, &saved) && !cli_sync(c)) {
-      const double gemm_after = sgemm_rate(c, SGEMM_REPS); /* before and after: the better */
+    if (!cli_sync(c) && measure(c, &j, l, (int)reps, (int)warmup, (size_t)sgemm_n, &tm, &st, &saved) && !cli_sync(c)) {
+      const double gemm_after = sgemm_rate(c, (size_t)sgemm_n, SGEMM_REPS); /* before and after: the better */
       if (gemm_after > gemm) gemm = gemm_after;
       const int64_t blk = j.ratio > 0 ? (j.n + j.ratio - 1) / j.ratio : 0; /* slot buffer rows (about) */
       double blocking = blocking_allgather(c, sizeof(float) * (size_t)(blk * j.cfg.head_dim));
