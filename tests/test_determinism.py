@@ -7,7 +7,9 @@ CSA, HCA), an unpadded packing whose documents straddle the ranks, and a V4.1 ra
 its readers, r = 1 and r = 2).
 
 Across CP degrees (N = 2, 3, both splits; 4 and 8 on the unpadded packing) every tensor, the
-rank-summed weight gradients included, is byte for byte the N = 1 run's."""
+rank-summed weight gradients included, is byte for byte the N = 1 run's, and so it is when the
+weight products move rows instead of sums between ranks (DSV4_WGRAD_ROWS=always: the path longer
+V4-Flash products take at short lengths; these tiny shapes never would)."""
 import argparse
 import itertools
 import os
@@ -41,11 +43,11 @@ def same_bytes(a, b):
     return diff
 
 
-def run_one(build, base_args, n, split, threads, recompute, out):
+def run_one(build, base_args, n, split, threads, recompute, out, env=None):
     args = ["run"] + base_args + ["--split", split, "--threads", str(threads), "--quiet", "--output", out]
     if recompute:
         args.append("--recompute")
-    rc, _, err = T.cli(build, args, nranks=n, env={"OMP_NUM_THREADS": str(threads)})
+    rc, _, err = T.cli(build, args, nranks=n, env={"OMP_NUM_THREADS": str(threads), **(env or {})})
     return rc, err.strip().splitlines()[-1] if err.strip() else ""
 
 
@@ -70,6 +72,16 @@ def matrix(build, name, base_args, configs, tmp):
             T.check(not diff, f"determinism: {label}: every tensor's bytes equal threads=1 default "
                               f"({len(got)} tensors)", "differ: " + " ".join(diff[:6]))
     one = base.get((1, "contiguous"))
+    # the weight products' other path under CP (rows to the block's owner instead of exact sums
+    # reduced; what longer V4-Flash streams take): the same bytes
+    for n, split in [c for c in configs if c[0] > 1][:2]:
+        for threads, recompute in ((1, 0), (2, 1)):
+            out = os.path.join(tmp, f"{name}_n{n}_{split}_t{threads}_r{recompute}_rows.st")
+            rc, err = run_one(build, base_args, n, split, threads, recompute, out, {"DSV4_WGRAD_ROWS": "always"})
+            label = f"{name} N={n} {split} threads={threads}{' --recompute' if recompute else ''} weight rows path"
+            if T.check(rc == 0, f"determinism: {label} runs", err) and one is not None:
+                diff = same_bytes(one, st.read(out))
+                T.check(not diff, f"determinism: {label}: every tensor byte for byte N=1's", "differ: " + " ".join(diff[:6]))
     if one is not None:
         for (n, split), got in base.items():
             if n == 1:

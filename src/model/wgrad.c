@@ -1,5 +1,6 @@
 /* wgrad.c: exact weight-gradient sums over global panels (wgrad.h). */
 #include "wgrad.h"
+#include "wgrad_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -26,22 +27,11 @@
 #define RUNS_INLINE 16
 
 typedef struct {
-  const float *A, *B;
-  int64_t lda, ldb;
-  const uint8_t *keep;
-  int64_t g0, len;
-} wrun;
-
-typedef struct {
   int64_t panel;
   float *A, *B; /* [ext, M], [ext, N] in global row order */
   int64_t have;
 } wpanel;
 
-static int64_t extent(const dsv4_wshape *s, int64_t panel) {
-  const int64_t left = s->T - panel * s->P;
-  return left < s->P ? left : s->P;
-}
 
 /* Runs of the pieces: consecutive rows of one global panel. */
 static dsv4_status runs_of(const dsv4_wshape *s, const dsv4_wpiece *pc, int n_pc, wrun **out, int64_t *n_out) {
@@ -76,13 +66,59 @@ static int run_masked(const wrun *r) {
   return 0;
 }
 
-/* Rows of run r into dense rows: A [len, M] (kept rows; others zero), B [len, N]. */
-static void pack_run(const dsv4_wshape *s, const wrun *r, float *A, float *B) {
+void pack_run(const dsv4_wshape *s, const wrun *r, float *A, float *B) {
   for (int64_t i = 0; i < r->len; i++) {
     if (!r->keep || r->keep[i]) memcpy(A + i * s->M, r->A + i * r->lda, sizeof(float) * (size_t)s->M);
     else memset(A + i * s->M, 0, sizeof(float) * (size_t)s->M);
     memcpy(B + i * s->N, r->B + i * r->ldb, sizeof(float) * (size_t)s->N);
   }
+}
+
+/* Every rank's list of `mine` runs (pairs g0, len) to every rank: all[2 (r cmax + k)] is rank r's
+ * k-th run, cnt[r] its count. One all-gather of a record of RUNS_INLINE runs (count first) usually
+ * says it all; a second one, of the longest list, when some rank has more. Collective. */
+dsv4_status dsv4_wg_gather_lists(dsv4_comm *comm, const int64_t *pairs, int64_t mine, int64_t **all_out,
+                                 int64_t **cnt_out, int64_t *cmax_out, int64_t *total_out) {
+  dsv4_status rc = DSV4_OK;
+  const int N = comm ? comm->size : 1;
+  int64_t *cnt = NULL, *meta = NULL, *all = NULL;
+  DSV4_ALLOC(cnt, N);
+  int64_t cmax = mine > RUNS_INLINE ? mine : RUNS_INLINE, total = 0;
+  DSV4_ALLOC(meta, 1 + 2 * cmax);
+  meta[0] = mine;
+  memcpy(meta + 1, pairs, sizeof(int64_t) * (size_t)(2 * mine));
+  const int64_t rec = 1 + 2 * RUNS_INLINE;
+  DSV4_ALLOC(all, rec * N);
+  dsv4_comm_req *rq = NULL;
+  if (N > 1) {
+    DSV4_TRY(dsv4_comm_iallgather(comm, meta, all, sizeof(int64_t) * (size_t)rec, &rq));
+    DSV4_TRY(dsv4_comm_wait(comm, &rq, 1));
+  } else {
+    memcpy(all, meta, sizeof(int64_t) * (size_t)rec);
+  }
+  cmax = 0;
+  for (int r = 0; r < N; r++) cnt[r] = all[r * rec], cmax = cnt[r] > cmax ? cnt[r] : cmax, total += cnt[r];
+  if (cmax > RUNS_INLINE) { /* the long lists (the same decision on every rank) */
+    free(all);
+    all = NULL;
+    DSV4_ALLOC(all, 2 * cmax * N);
+    if (N > 1) {
+      DSV4_TRY(dsv4_comm_iallgather(comm, meta + 1, all, sizeof(int64_t) * (size_t)(2 * cmax), &rq));
+      DSV4_TRY(dsv4_comm_wait(comm, &rq, 1));
+    } else {
+      memcpy(all, meta + 1, sizeof(int64_t) * (size_t)(2 * cmax));
+    }
+  } else { /* compact the records to the same layout: rank r's runs at all[2 (r cmax + k)] */
+    cmax = RUNS_INLINE;
+    for (int r = 0; r < N; r++) memmove(all + 2 * r * cmax, all + r * rec + 1, sizeof(int64_t) * (size_t)(2 * cmax));
+  }
+  *all_out = all, *cnt_out = cnt, *cmax_out = cmax, *total_out = total;
+  all = cnt = NULL;
+fail:
+  free(meta);
+  free(all);
+  free(cnt);
+  return rc;
 }
 
 /* Partial runs (of every rank) to the owners of their panels (the rank holding the panel's first
@@ -97,49 +133,15 @@ static dsv4_status gather_partials(dsv4_comm *comm, const dsv4_wshape *s, const 
   dsv4_comm_req **reqs = NULL;
   wpanel *pan = NULL;
   int64_t n_pan = 0, n_req = 0;
-  int64_t mine = 0;
+  int64_t mine = 0, cmax = 0, total = 0;
   for (int64_t j = 0; j < n_runs; j++) mine += !run_full(s, &runs[j]);
-  /* One all-gather of a record of RUNS_INLINE runs (count first) usually says it all; a second
-   * one, of the longest list, when some rank has more. */
-  DSV4_ALLOC(cnt, N);
-  int64_t cmax = mine > RUNS_INLINE ? mine : RUNS_INLINE, total = 0;
-  DSV4_ALLOC(meta, 1 + 2 * cmax);
-  meta[0] = mine;
+  DSV4_ALLOC(meta, 2 * mine + 1);
   for (int64_t j = 0, k = 0; j < n_runs; j++)
-    if (!run_full(s, &runs[j])) meta[1 + 2 * k] = runs[j].g0, meta[2 + 2 * k] = runs[j].len, k++;
-  const int64_t rec = 1 + 2 * RUNS_INLINE;
-  DSV4_ALLOC(all, rec * N);
-  dsv4_comm_req *rq = NULL;
-  if (N > 1) {
-    DSV4_TRY(dsv4_comm_iallgather(comm, meta, all, sizeof(int64_t) * (size_t)rec, &rq));
-    DSV4_TRY(dsv4_comm_wait(comm, &rq, 1));
-  } else {
-    memcpy(all, meta, sizeof(int64_t) * (size_t)rec);
-  }
-  cmax = 0;
-  for (int r = 0; r < N; r++) cnt[r] = all[r * rec], cmax = cnt[r] > cmax ? cnt[r] : cmax, total += cnt[r];
+    if (!run_full(s, &runs[j])) meta[2 * k] = runs[j].g0, meta[2 * k + 1] = runs[j].len, k++;
   *out = NULL;
   *n_out = 0;
+  DSV4_TRY(dsv4_wg_gather_lists(comm, meta, mine, &all, &cnt, &cmax, &total));
   if (total == 0) goto fail; /* rc OK: nothing straddles */
-  if (cmax > RUNS_INLINE) { /* the long lists (the same decision on every rank) */
-    free(all);
-    all = NULL;
-    int64_t *m2 = NULL;
-    DSV4_ALLOC(m2, 2 * cmax);
-    memcpy(m2, meta + 1, sizeof(int64_t) * (size_t)(2 * mine));
-    DSV4_ALLOC(all, 2 * cmax * N);
-    if (N > 1) {
-      rc = dsv4_comm_iallgather(comm, m2, all, sizeof(int64_t) * (size_t)(2 * cmax), &rq);
-      if (rc == DSV4_OK) rc = dsv4_comm_wait(comm, &rq, 1);
-    } else {
-      memcpy(all, m2, sizeof(int64_t) * (size_t)(2 * cmax));
-    }
-    free(m2);
-    DSV4_TRY(rc);
-  } else { /* compact the records to the same layout: rank r's runs at all[2 (r cmax + k)] */
-    cmax = RUNS_INLINE;
-    for (int r = 0; r < N; r++) memmove(all + 2 * r * cmax, all + r * rec + 1, sizeof(int64_t) * (size_t)(2 * cmax));
-  }
   /* the owner of a panel: the rank with its lowest row among the partial runs */
   DSV4_ALLOC(owner, n_panels);
   DSV4_ALLOC(slot, n_panels);
@@ -235,11 +237,7 @@ static void panels_free(wpanel *pan, int64_t n) {
   free(pan);
 }
 
-typedef struct {
-  int64_t mb, nb, bm, bn; /* block rows and columns; blocks along M and N */
-} blocking;
-
-static blocking blocks_of(const dsv4_wshape *s) {
+blocking blocks_of(const dsv4_wshape *s) {
   blocking b;
   b.nb = s->N < BLOCK_COLS ? s->N : BLOCK_COLS;
   b.mb = BLOCK_ELEMS / b.nb;
@@ -250,9 +248,7 @@ static blocking blocks_of(const dsv4_wshape *s) {
   return b;
 }
 
-/* One panel's product restricted to block (m0, n0) [mb, nb]: fp32 into t, then added exactly into
- * acc rows of width ldacc (hi at acc + r ldacc2 .., lo w further). Returns nonzero on a bad term. */
-static int add_panel(int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float *A, int64_t lda, const float *B,
+int add_panel(int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float *A, int64_t lda, const float *B,
                      int64_t ldb, const uint8_t *keep, int64_t len, float *t, float *za, int64_t *acc, int64_t wacc,
                      int fresh, dsv4_impl impl) {
   const float *a = A + m0;
@@ -370,6 +366,12 @@ dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *shape, const ds
   int bad = 0;
   if (s->M <= 0 || s->N <= 0) return DSV4_OK;
   DSV4_TRY(runs_of(s, pc, n_pc, &runs, &n_runs));
+  if (comm && dsv4_wg_rows_cheaper(s, comm->size)) { /* short streams: rows cross, not sums (wgrad_rows.c) */
+    DSV4_TRY(dsv4_wg_by_rows(comm, s, runs, n_runs, C, impl, &bad));
+    DSV4_CHECK(!bad, DSV4_ERR_ARG, "%s: a weight-gradient term is not finite or not below 2^24 (the exact sums' range)",
+               what);
+    goto fail;
+  }
   DSV4_TRY(gather_partials(comm, s, runs, n_runs, &pan, &n_pan));
   const blocking bl = blocks_of(s);
   const int nt = dsv4_nthreads();
@@ -458,13 +460,25 @@ int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n) {
   return rows <= sinks;
 }
 
-uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int threads, int64_t n) {
+uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int threads, int64_t n, int64_t T,
+                          int ranks) {
   const uint64_t per_thread = sizeof(float) * (uint64_t)BLOCK_ELEMS * (1 + 512u / BLOCK_COLS);
   const uint64_t streamed = (uint64_t)SUPER_BLOCKS * BLOCK_ELEMS * 2 * sizeof(int64_t) * 2;
   uint64_t sinks = 0, rows = 0;
   keep_costs(cf, selects, n, &sinks, &rows);
   const uint64_t kept = recompute ? (rows <= sinks ? rows : sinks) : 0;
-  return kept + streamed + per_thread * (uint64_t)(threads > 1 ? threads : 1);
+  /* the products that move rows instead of sums (one at a time): the largest one's buffers */
+  const int64_t H = cf->n_heads, D = cf->head_dim, G = cf->o_groups, Ro = cf->o_lora_rank, dq = cf->q_lora_rank;
+  const int64_t d = cf->dim, P = dsv4_panel_rows(T);
+  const dsv4_wshape shapes[] = {{d, G * Ro, P, T}, {D, d, P, T}, {dq, d, P, T}, {Ro, (H / G) * D, P, T},
+                                {H * D, dq, P, T}, {(int64_t)cf->index_n_heads * cf->index_head_dim, dq, P, T},
+                                {cf->index_n_heads, d, P, T}};
+  uint64_t moved = 0;
+  for (int i = 0; i < (selects ? 7 : 5); i++) {
+    const uint64_t b = dsv4_wg_rows_bytes(&shapes[i], ranks, n, threads);
+    if (b > moved) moved = b;
+  }
+  return kept + (streamed > moved ? streamed : moved) + per_thread * (uint64_t)(threads > 1 ? threads : 1);
 }
 
 /* ---- sinks ----------------------------------------------------------------------------------- */

@@ -8,7 +8,9 @@
  * integers on a fixed grid, inside a rank, and across ranks by an int64 reduce-scatter) and rounded
  * once: the order in which ranks, chunks and threads meet the panels no longer matters. A panel
  * whose rows lie on several ranks (a shard boundary inside it: zigzag at short lengths, odd N) is
- * computed by the rank that holds its first row; the others send it their rows.
+ * computed by the rank that holds its first row; the others send it their rows. Where the rows are
+ * much smaller than the sums (short streams), a product moves rows instead: each block computed
+ * whole by one rank from every rank's rows (wgrad_rows.c; the same bits).
  *
  * Two ways in:
  *   dsv4_wgrad_exact   every row of the product is at hand (the default mode's deferred products,
@@ -57,10 +59,12 @@ dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *s, const dsv4_w
  * a 4-byte copy per element of wo_a, wq_b and the indexer's query projections); else sinks. n is
  * the same on every rank, so every rank makes the same choice (the collectives follow it). */
 int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n);
-/* Bytes the weight-gradient sums and rows hold at most during one backward, for the planner (the
- * choice above with recomputation, the streamed products' blocks). Not counted: the rows of panels
- * that straddle ranks (a panel's rows of each product, on the rank that computes it). */
-uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int threads, int64_t n);
+/* Bytes the weight-gradient sums and rows hold at most during one backward of n local rows of T on
+ * `ranks` ranks, for the planner (the choice above with recomputation, the streamed products'
+ * blocks or the rows moved to the blocks' owners). Not counted: the sums path's rows of panels that
+ * straddle ranks (a panel's rows of each product, on the rank that computes it). */
+uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int threads, int64_t n, int64_t T,
+                          int ranks);
 
 #define DSV4_WSINKS_MAX 40
 

@@ -55,7 +55,7 @@ static dsv4_status plan_memory(const dsv4_config *cfg, int layer, const dsv4_pac
   out->transient = dsv4_layer_scratch_bytes(&dm) + dsv4_core_scratch_bytes(&dm) + p.bytes +
                    (r > 0 ? sizeof(int32_t) * (uint64_t)dm.n_cmp : 0) +
                    dsv4_kernel_scratch_bytes(&dm, opts ? opts->threads : 1) +
-                   dsv4_wgrad_bytes(cfg, dm.selects, recompute, opts ? opts->threads : 1, n);
+                   dsv4_wgrad_bytes(cfg, dm.selects, recompute, opts ? opts->threads : 1, n, key.T, size);
   out->io = (uint64_t)n * (4 * d * sizeof(float) + (dm.selects ? k * sizeof(int32_t) : 0));
   out->total = out->weights + out->grads + out->saved + out->transient + out->io + out->shared;
 fail:

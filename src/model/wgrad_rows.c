@@ -1,0 +1,296 @@
+/* wgrad_rows.c: a weight gradient under CP with each block of C computed whole by one rank from
+ * every rank's rows (wgrad_int.h dsv4_wg_by_rows).
+ *
+ * Why: wgrad.c's exact sums cross between ranks as 16 bytes per weight element (an int64
+ * reduce-scatter), whatever the length. At short lengths the rows are far smaller: V4-Flash's wq_b
+ * at 1024 tokens on 2 ranks moves 36 MB of rows instead of 268 MB of sums (measured: the
+ * reduce-scatter was a third of a CP = 2 backward). Here rank q owns a stripe of C's blocks along
+ * C's larger dimension L; it receives the other ranks' rows of the smaller side S whole, once, and
+ * of its stripe's L columns one line of blocks at a time; it adds every global panel's product
+ * exactly (util/xacc.h), rounds once, and the lines are all-gathered as floats. A block's sum is the
+ * same set of panel products as on the sums path (the same block grid, the same panels, each one
+ * BLAS call), so the gradient has the same bits whichever path, N or split computed it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/err.h"
+#include "util/par.h"
+#include "util/xacc.h"
+#include "wgrad_int.h"
+
+/* Tags: the S rows, then one per step (cycled). */
+#define ROWS_TAG 30000
+#define ROWS_TAGS 1000
+/* The other ranks' rows one rank may hold for a product (S whole, one line of L). */
+#define ROWS_MAX_BYTES ((double)(256u << 20))
+
+typedef struct {
+  int split_m;      /* stripes of block rows (L = M, S = N), else of block columns (L = N, S = M) */
+  int64_t nL, nS;   /* blocks along L and along S */
+  int64_t wS, step; /* S's width; an L block's width */
+} stripes;
+
+static stripes stripes_of(const dsv4_wshape *s, const blocking *bl) {
+  stripes st;
+  st.split_m = s->M >= s->N;
+  st.nL = st.split_m ? bl->bm : bl->bn;
+  st.nS = st.split_m ? bl->bn : bl->bm;
+  st.wS = st.split_m ? s->N : s->M;
+  st.step = st.split_m ? bl->mb : bl->nb;
+  return st;
+}
+
+/* Rank q's stripe: L blocks [lo(q), lo(q + 1)). */
+static int64_t stripe_lo(const stripes *st, int q, int N) { return st->nL * q / N; }
+
+/* L block i's first column and width. */
+static int64_t lblock_width(const dsv4_wshape *s, const stripes *st, int64_t i) {
+  const int64_t L = st->split_m ? s->M : s->N, c0 = i * st->step;
+  return c0 + st->step <= L ? st->step : L - c0;
+}
+
+int dsv4_wg_rows_cheaper(const dsv4_wshape *s, int N) {
+  if (N < 2 || s->M <= 0 || s->N <= 0) return 0;
+  /* DSV4_WGRAD_ROWS=always / never: a test's choice (the tests' tiny shapes would never take this
+   * path; both give the same bits, which is what they check) */
+  const char *force = getenv("DSV4_WGRAD_ROWS");
+  if (force && !strcmp(force, "always")) return 1;
+  if (force && !strcmp(force, "never")) return 0;
+  const blocking bl = blocks_of(s);
+  const stripes st = stripes_of(s, &bl);
+  const double L = (double)(st.split_m ? s->M : s->N), S = (double)st.wS;
+  const double foreign = (double)s->T * (N - 1) / N; /* the rows a rank receives (even shards) */
+  const double rows = foreign * (S + L / N) * 4.0, sums = (double)s->M * (double)s->N * 16.0 * (N - 1) / N;
+  const double held = foreign * (S + (double)st.step) * 4.0;
+  /* rows at a quarter of the sums' bytes: measured, the rows path's per-line exchanges cost more than
+   * their bytes (V4-Flash CSA at 4096 tokens on 2 ranks, rows at half the sums: 7% slower) */
+  return st.nL >= N && 4.0 * rows < sums && held <= ROWS_MAX_BYTES;
+}
+
+uint64_t dsv4_wg_rows_bytes(const dsv4_wshape *s, int N, int64_t mine, int threads) {
+  if (!dsv4_wg_rows_cheaper(s, N)) return 0;
+  const blocking bl = blocks_of(s);
+  const stripes st = stripes_of(s, &bl);
+  const uint64_t foreign = (uint64_t)(s->T > mine ? s->T - mine : 0), m = (uint64_t)(mine > 0 ? mine : 0);
+  const uint64_t wS = (uint64_t)st.wS, wL = (uint64_t)st.step, P = (uint64_t)s->P;
+  const uint64_t wide = (uint64_t)(s->M > s->N ? s->M : s->N);
+  uint64_t asm_rows = 2 * (uint64_t)N * P; /* straddling panels: at most two per shard piece */
+  if (asm_rows > (uint64_t)s->T) asm_rows = (uint64_t)s->T;
+  const uint64_t line = (uint64_t)(st.split_m ? bl.mb * s->N : s->M * bl.nb) + 1;
+  const uint64_t floats = foreign * (wS + wL) + m * (wS + (uint64_t)(N - 1) * wL) + asm_rows * (wide + wL) +
+                          (uint64_t)(N + 1) * line;
+  const uint64_t per_thread = sizeof(float) * (uint64_t)(bl.mb * bl.nb + s->P * bl.mb) +
+                              sizeof(int64_t) * (uint64_t)(2 * bl.mb * bl.nb);
+  return sizeof(float) * floats + per_thread * (uint64_t)(threads > 1 ? threads : 1);
+}
+
+/* Columns [c0, c0 + w) of this rank's rows (A's, masked, or B's) into dst [rows, w], in run order. */
+static void pack_cols(const wrun *runs, int64_t n_runs, int side_a, int64_t c0, int64_t w, float *dst) {
+  for (int64_t j = 0; j < n_runs; j++) {
+    const wrun *r = &runs[j];
+    for (int64_t i = 0; i < r->len; i++, dst += w) {
+      const float *src = side_a ? r->A + i * r->lda + c0 : r->B + i * r->ldb + c0;
+      if (side_a && r->keep && !r->keep[i]) memset(dst, 0, sizeof(float) * (size_t)w);
+      else memcpy(dst, src, sizeof(float) * (size_t)w);
+    }
+  }
+}
+
+/* One panel's rows as the product reads them: A's column a0 at A[0], B's column b0 at B[0]. */
+typedef struct {
+  const float *A, *B;
+  int64_t lda, ldb, a0, b0, len;
+  const uint8_t *keep;
+} view;
+
+dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *runs, int64_t n_runs, float *C,
+                            dsv4_impl impl, int *bad_out) {
+  dsv4_status rc = DSV4_OK;
+  const int N = comm->size, me = comm->rank;
+  const blocking bl = blocks_of(s);
+  const stripes st = stripes_of(s, &bl);
+  const int64_t n_panels = (s->T + s->P - 1) / s->P, wL = st.step;
+  int64_t *pairs = NULL, *all = NULL, *cnt = NULL, *nrows = NULL, *roff = NULL, *pn = NULL, *pidx = NULL;
+  int64_t *prows = NULL, *fo = NULL;
+  int64_t cmax = 0, total = 0, n_req = 0, n_views = 0, asm_rows = 0;
+  float *sS = NULL, *rS = NULL, *sL = NULL, *rL = NULL, *pa = NULL, *pb = NULL, *line = NULL, *lines = NULL;
+  float *tb = NULL;
+  int64_t *accb = NULL;
+  view *views = NULL;
+  dsv4_comm_req **reqs = NULL;
+  int any_bad = 0;
+  *bad_out = 0;
+  DSV4_ALLOC(pairs, 2 * n_runs + 1);
+  for (int64_t j = 0; j < n_runs; j++) pairs[2 * j] = runs[j].g0, pairs[2 * j + 1] = runs[j].len;
+  DSV4_TRY(dsv4_wg_gather_lists(comm, pairs, n_runs, &all, &cnt, &cmax, &total));
+  /* rows per rank, each run's first row in its rank's packed rows, and the pieces of each panel */
+  DSV4_ALLOC(nrows, N + 1);
+  DSV4_ALLOC(roff, N * cmax + 1);
+  DSV4_ALLOC(pn, n_panels + 1);
+  DSV4_ALLOC(pidx, n_panels + 1);
+  DSV4_ALLOC(prows, n_panels + 1);
+  DSV4_ALLOC(fo, N);
+  int64_t foreign = 0;
+  for (int r = 0; r < N; r++) {
+    for (int64_t k = 0; k < cnt[r]; k++) {
+      const int64_t g0 = all[2 * (r * cmax + k)], len = all[2 * (r * cmax + k) + 1], p = g0 / s->P;
+      DSV4_CHECK(g0 >= 0 && g0 + len <= s->T && len > 0 && (g0 + len - 1) / s->P == p, DSV4_ERR_STATE,
+                 "internal: weight-gradient run [%lld, +%lld) of rank %d", (long long)g0, (long long)len, r);
+      roff[r * cmax + k] = nrows[r];
+      nrows[r] += len;
+      if (pn[p]++ == 0) pidx[p] = r * cmax + k;
+      prows[p] += len;
+    }
+    if (r != me) foreign += nrows[r];
+  }
+  for (int64_t p = 0; p < n_panels; p++) {
+    DSV4_CHECK(prows[p] == extent(s, p), DSV4_ERR_STATE, "internal: weight-gradient panel %lld has %lld of its %lld rows",
+               (long long)p, (long long)prows[p], (long long)extent(s, p));
+    if (pn[p] > 1) asm_rows += extent(s, p);
+    if (pn[p]) n_views++;
+  }
+  const int64_t mine = nrows[me], wa = st.split_m ? wL : s->M, wb = st.split_m ? s->N : wL;
+  const int64_t line_max = st.split_m ? bl.mb * s->N : s->M * bl.nb;
+  const int nt = dsv4_nthreads();
+  const int64_t tper = bl.mb * bl.nb + s->P * bl.mb, aper = bl.mb * 2 * bl.nb;
+  DSV4_ALLOC(sS, mine * st.wS + 1);
+  DSV4_ALLOC(rS, foreign * st.wS + 1);
+  DSV4_ALLOC(sL, (int64_t)(N - 1) * mine * wL + 1);
+  DSV4_ALLOC(rL, foreign * wL + 1);
+  DSV4_ALLOC(pa, asm_rows * wa + 1);
+  DSV4_ALLOC(pb, asm_rows * wb + 1);
+  DSV4_ALLOC(line, line_max + 1);
+  DSV4_ALLOC(lines, (int64_t)N * (line_max + 1));
+  DSV4_ALLOC(tb, tper * nt);
+  DSV4_ALLOC(accb, aper * nt);
+  DSV4_ALLOC(views, n_views + 1);
+  DSV4_ALLOC(reqs, 2 * N + 1);
+  /* where each rank's rows land here: rank r's at row fo[r] of rS / rL (this rank's own: none) */
+  for (int64_t r = 0, at = 0; r < N; r++) fo[r] = at, at += r == me ? 0 : nrows[r];
+  /* S: every rank's rows whole, once */
+  pack_cols(runs, n_runs, !st.split_m, 0, st.wS, sS);
+  for (int r = 0; r < N; r++)
+    if (r != me && nrows[r])
+      DSV4_TRY(dsv4_comm_irecv(comm, rS + fo[r] * st.wS, sizeof(float) * (size_t)(nrows[r] * st.wS), r, ROWS_TAG,
+                               &reqs[n_req++]));
+  for (int q = 0; q < N; q++)
+    if (q != me && mine) DSV4_TRY(dsv4_comm_isend(comm, sS, sizeof(float) * (size_t)(mine * st.wS), q, ROWS_TAG,
+                                                  &reqs[n_req++]));
+  DSV4_TRY(dsv4_comm_wait(comm, reqs, (int)n_req));
+  n_req = 0;
+  const int64_t steps = (st.nL + N - 1) / N;
+  for (int64_t k = 0; k < steps; k++) {
+    const int tag = ROWS_TAG + 1 + (int)(k % ROWS_TAGS);
+    const int64_t Lb = stripe_lo(&st, me, N) + k;
+    const int have = Lb < stripe_lo(&st, me + 1, N);
+    const int64_t w = have ? lblock_width(s, &st, Lb) : 0, c0 = Lb * st.step;
+    /* L: the other ranks' rows of this line's columns */
+    for (int r = 0; r < N && have; r++)
+      if (r != me && nrows[r])
+        DSV4_TRY(dsv4_comm_irecv(comm, rL + fo[r] * w, sizeof(float) * (size_t)(nrows[r] * w), r, tag,
+                                 &reqs[n_req++]));
+    for (int q = 0, slot = 0; q < N; q++) {
+      const int64_t Lq = stripe_lo(&st, q, N) + k;
+      if (q == me || !mine || Lq >= stripe_lo(&st, q + 1, N)) continue;
+      const int64_t wq = lblock_width(s, &st, Lq);
+      float *dst = sL + (int64_t)(slot++) * mine * wL;
+      pack_cols(runs, n_runs, st.split_m, Lq * st.step, wq, dst);
+      DSV4_TRY(dsv4_comm_isend(comm, dst, sizeof(float) * (size_t)(mine * wq), q, tag, &reqs[n_req++]));
+    }
+    DSV4_TRY(dsv4_comm_wait(comm, reqs, (int)n_req));
+    n_req = 0;
+    int bad = 0;
+    if (have) {
+      /* the panels as the products read them: one piece in place, several assembled in row order */
+      const int64_t a0 = st.split_m ? c0 : 0, b0 = st.split_m ? 0 : c0;
+      int64_t v = 0, at = 0;
+      for (int64_t p = 0; p < n_panels; p++) {
+        if (!pn[p]) continue;
+        if (pn[p] == 1 && all[2 * pidx[p] + 1] == extent(s, p)) {
+          const int r = (int)(pidx[p] / cmax);
+          const int64_t o = fo[r] + roff[pidx[p]];
+          if (r == me) {
+            const wrun *ru = &runs[pidx[p] - r * cmax];
+            int masked = 0;
+            for (int64_t i = 0; ru->keep && i < ru->len; i++) masked |= !ru->keep[i];
+            views[v++] = (view){ru->A, ru->B, ru->lda, ru->ldb, 0, 0, ru->len, masked ? ru->keep : NULL};
+          } else if (st.split_m) {
+            views[v++] = (view){rL + o * w, rS + o * st.wS, w, st.wS, c0, 0, extent(s, p), NULL};
+          } else {
+            views[v++] = (view){rS + o * st.wS, rL + o * w, st.wS, w, 0, c0, extent(s, p), NULL};
+          }
+          continue;
+        }
+        const int64_t ext = extent(s, p), wA = st.split_m ? w : s->M, wB = st.split_m ? s->N : w;
+        float *A = pa + at * wa, *B = pb + at * wb;
+        for (int r = 0; r < N; r++)
+          for (int64_t kk = 0; kk < cnt[r]; kk++) {
+            const int64_t g0 = all[2 * (r * cmax + kk)], len = all[2 * (r * cmax + kk) + 1];
+            if (g0 / s->P != p) continue;
+            const int64_t i0 = g0 - p * s->P;
+            if (r == me) {
+              const wrun *ru = &runs[kk];
+              for (int64_t i = 0; i < len; i++) {
+                if (ru->keep && !ru->keep[i]) memset(A + (i0 + i) * wA, 0, sizeof(float) * (size_t)wA);
+                else memcpy(A + (i0 + i) * wA, ru->A + i * ru->lda + a0, sizeof(float) * (size_t)wA);
+                memcpy(B + (i0 + i) * wB, ru->B + i * ru->ldb + b0, sizeof(float) * (size_t)wB);
+              }
+              continue;
+            }
+            const int64_t o = fo[r] + roff[r * cmax + kk];
+            const float *fa = st.split_m ? rL + o * w : rS + o * st.wS, *fb = st.split_m ? rS + o * st.wS : rL + o * w;
+            memcpy(A + i0 * wA, fa, sizeof(float) * (size_t)(len * wA));
+            memcpy(B + i0 * wB, fb, sizeof(float) * (size_t)(len * wB));
+          }
+        views[v++] = (view){A, B, wA, wB, a0, b0, ext, NULL};
+        at += ext;
+      }
+      /* this line's blocks: every panel, exactly, rounded once into the line */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(| : bad)
+      for (int64_t j = 0; j < st.nS; j++) {
+        dsv4_blas_serial();
+        const int64_t b = st.split_m ? Lb * bl.bn + j : j * bl.bn + Lb;
+        const int64_t m0 = (b / bl.bn) * bl.mb, n0 = (b % bl.bn) * bl.nb;
+        const int64_t mb = m0 + bl.mb <= s->M ? bl.mb : s->M - m0, nb = n0 + bl.nb <= s->N ? bl.nb : s->N - n0;
+        const int id = dsv4_thread_id();
+        float *t = tb + id * tper;
+        int64_t *acc = accb + id * aper;
+        for (int64_t q = 0; q < v; q++)
+          bad |= add_panel(m0 - views[q].a0, mb, n0 - views[q].b0, nb, views[q].A, views[q].lda, views[q].B,
+                           views[q].ldb, views[q].keep, views[q].len, t, t + bl.mb * bl.nb, acc, nb, q == 0, impl);
+        for (int64_t r = 0; r < mb; r++) {
+          int64_t *h = acc + r * 2 * nb;
+          if (v == 0) memset(h, 0, sizeof(int64_t) * 2 * (size_t)nb);
+          dsv4_xacc_normalize(h, h + nb, nb);
+          float *out = st.split_m ? line + r * s->N + n0 : line + (m0 + r) * w;
+          dsv4_xacc_store(out, h, h + nb, nb, 0);
+        }
+      }
+    }
+    line[line_max] = bad != 0; /* the flag travels with the line */
+    dsv4_comm_req *rq = NULL;
+    DSV4_TRY(dsv4_comm_iallgather(comm, line, lines, sizeof(float) * (size_t)(line_max + 1), &rq));
+    DSV4_TRY(dsv4_comm_wait(comm, &rq, 1));
+    for (int q = 0; q < N; q++) {
+      const float *lq = lines + (int64_t)q * (line_max + 1);
+      any_bad |= lq[line_max] != 0.0f;
+      const int64_t Lq = stripe_lo(&st, q, N) + k;
+      if (Lq >= stripe_lo(&st, q + 1, N)) continue;
+      const int64_t wq = lblock_width(s, &st, Lq), cq = Lq * st.step;
+      const int64_t rows = st.split_m ? wq : s->M, cols = st.split_m ? s->N : wq;
+#pragma omp parallel for schedule(static) num_threads(nt)
+      for (int64_t r = 0; r < rows; r++) {
+        float *c = st.split_m ? C + (cq + r) * s->N : C + r * s->N + cq;
+        const float *x = lq + r * cols;
+        for (int64_t e = 0; e < cols; e++) c[e] += x[e];
+      }
+    }
+  }
+  *bad_out = any_bad;
+fail:
+  if (n_req) dsv4_comm_wait(comm, reqs, (int)n_req);
+  free(pairs), free(all), free(cnt), free(nrows), free(roff), free(pn), free(pidx), free(prows), free(fo);
+  free(sS), free(rS), free(sL), free(rL), free(pa), free(pb), free(line), free(lines);
+  free(tb), free(accb), free(views), free(reqs);
+  return rc;
+}
