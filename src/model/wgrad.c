@@ -32,7 +32,6 @@ typedef struct {
   int64_t have;
 } wpanel;
 
-
 /* Runs of the pieces: consecutive rows of one global panel. */
 static dsv4_status runs_of(const dsv4_wshape *s, const dsv4_wpiece *pc, int n_pc, wrun **out, int64_t *n_out) {
   dsv4_status rc = DSV4_OK;
@@ -60,18 +59,27 @@ fail:
 
 static int run_full(const dsv4_wshape *s, const wrun *r) { return r->len == extent(s, r->g0 / s->P); }
 
-static int run_masked(const wrun *r) {
+int dsv4_wg_run_masked(const wrun *r) {
   for (int64_t i = 0; r->keep && i < r->len; i++)
     if (!r->keep[i]) return 1;
   return 0;
 }
 
-void pack_run(const dsv4_wshape *s, const wrun *r, float *A, float *B) {
-  for (int64_t i = 0; i < r->len; i++) {
-    if (!r->keep || r->keep[i]) memcpy(A + i * s->M, r->A + i * r->lda, sizeof(float) * (size_t)s->M);
-    else memset(A + i * s->M, 0, sizeof(float) * (size_t)s->M);
-    memcpy(B + i * s->N, r->B + i * r->ldb, sizeof(float) * (size_t)s->N);
+void dsv4_wg_pack_cols(const wrun *runs, int64_t n_runs, int side_a, int64_t c0, int64_t w, float *dst) {
+  for (int64_t j = 0; j < n_runs; j++) {
+    const wrun *r = &runs[j];
+    for (int64_t i = 0; i < r->len; i++, dst += w) {
+      const float *src = side_a ? r->A + i * r->lda + c0 : r->B + i * r->ldb + c0;
+      if (side_a && r->keep && !r->keep[i]) memset(dst, 0, sizeof(float) * (size_t)w);
+      else memcpy(dst, src, sizeof(float) * (size_t)w);
+    }
   }
+}
+
+/* Rows of run r into dense rows: A [len, M] (padding rows zero), B [len, N]. */
+static void pack_run(const dsv4_wshape *s, const wrun *r, float *A, float *B) {
+  dsv4_wg_pack_cols(r, 1, 1, 0, s->M, A);
+  dsv4_wg_pack_cols(r, 1, 0, 0, s->N, B);
 }
 
 /* Every rank's list of `mine` runs (pairs g0, len) to every rank: all[2 (r cmax + k)] is rank r's
@@ -237,7 +245,7 @@ static void panels_free(wpanel *pan, int64_t n) {
   free(pan);
 }
 
-blocking blocks_of(const dsv4_wshape *s) {
+blocking dsv4_wg_blocks(const dsv4_wshape *s) {
   blocking b;
   b.nb = s->N < BLOCK_COLS ? s->N : BLOCK_COLS;
   b.mb = BLOCK_ELEMS / b.nb;
@@ -248,9 +256,9 @@ blocking blocks_of(const dsv4_wshape *s) {
   return b;
 }
 
-int add_panel(int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float *A, int64_t lda, const float *B,
-                     int64_t ldb, const uint8_t *keep, int64_t len, float *t, float *za, int64_t *acc, int64_t wacc,
-                     int fresh, dsv4_impl impl) {
+int dsv4_wg_add_panel(int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float *A, int64_t lda, const float *B,
+                      int64_t ldb, const uint8_t *keep, int64_t len, float *t, float *za, int64_t *acc,
+                      int64_t wacc, int fresh, dsv4_impl impl) {
   const float *a = A + m0;
   int64_t la = lda;
   if (keep) { /* padding rows: their A counts as zero */
@@ -283,12 +291,12 @@ static int add_block(const dsv4_wshape *s, const blocking *bl, int64_t b, const 
   for (int64_t j = 0; j < n_runs; j++) {
     const wrun *r = &runs[j];
     if (!run_full(s, r)) continue;
-    bad |= add_panel(m0, mb, n0, nb, r->A, r->lda, r->B, r->ldb, run_masked(r) ? r->keep : NULL, r->len, t, za, acc,
+    bad |= dsv4_wg_add_panel(m0, mb, n0, nb, r->A, r->lda, r->B, r->ldb, dsv4_wg_run_masked(r) ? r->keep : NULL, r->len, t, za, acc,
                      wacc, fresh, impl);
     fresh = 0;
   }
   for (int64_t q = 0; q < n_pan; q++) {
-    bad |= add_panel(m0, mb, n0, nb, pan[q].A, s->M, pan[q].B, s->N, NULL, extent(s, pan[q].panel), t, za, acc, wacc,
+    bad |= dsv4_wg_add_panel(m0, mb, n0, nb, pan[q].A, s->M, pan[q].B, s->N, NULL, extent(s, pan[q].panel), t, za, acc, wacc,
                      fresh, impl);
     fresh = 0;
   }
@@ -373,7 +381,7 @@ dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *shape, const ds
     goto fail;
   }
   DSV4_TRY(gather_partials(comm, s, runs, n_runs, &pan, &n_pan));
-  const blocking bl = blocks_of(s);
+  const blocking bl = dsv4_wg_blocks(s);
   const int nt = dsv4_nthreads();
   const int64_t nblocks = bl.bm * bl.bn, per = bl.mb * 2 * bl.nb;
   const int64_t tper = bl.mb * bl.nb + s->P * bl.mb; /* the fp32 product, the zero-padded A */
@@ -590,7 +598,7 @@ fail:
 static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel *pan, int64_t n_pan,
                    dsv4_impl impl, dsv4_status *rc) {
   const dsv4_wshape *s = &k->shape;
-  const blocking bl = blocks_of(s);
+  const blocking bl = dsv4_wg_blocks(s);
   const int nt = dsv4_nthreads();
   const int64_t tper = bl.mb * bl.nb + s->P * bl.mb;
   float *tb = malloc(sizeof(float) * (size_t)(tper * nt));

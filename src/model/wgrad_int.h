@@ -24,16 +24,19 @@ static inline int64_t extent(const dsv4_wshape *s, int64_t panel) {
   return left < s->P ? left : s->P;
 }
 
-blocking blocks_of(const dsv4_wshape *s);
-/* Rows of run r into dense rows: A [len, M] (kept rows; others zero), B [len, N]. */
-void pack_run(const dsv4_wshape *s, const wrun *r, float *A, float *B);
+blocking dsv4_wg_blocks(const dsv4_wshape *s);
+/* Whether some row of r is padding (its A then read through the mask). */
+int dsv4_wg_run_masked(const wrun *r);
+/* Columns [c0, c0 + w) of the runs' rows (A's, padding rows as zeros, or B's) into dst [rows, w],
+ * in run order. */
+void dsv4_wg_pack_cols(const wrun *runs, int64_t n_runs, int side_a, int64_t c0, int64_t w, float *dst);
 /* One panel's product restricted to block (m0, n0) [mb, nb] (m0, n0: the block's columns counted
  * from A's and B's first): fp32 into t, then added exactly into acc rows of width wacc (a row's hi,
  * then its lo). fresh: the sums are set, not added. za: room for len x mb floats (the masked A).
  * Returns nonzero on a bad term. */
-int add_panel(int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float *A, int64_t lda, const float *B,
-              int64_t ldb, const uint8_t *keep, int64_t len, float *t, float *za, int64_t *acc, int64_t wacc,
-              int fresh, dsv4_impl impl);
+int dsv4_wg_add_panel(int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float *A, int64_t lda, const float *B,
+                      int64_t ldb, const uint8_t *keep, int64_t len, float *t, float *za, int64_t *acc,
+                      int64_t wacc, int fresh, dsv4_impl impl);
 /* Every rank's list of `mine` runs (pairs g0, len): rank r's k-th at all[2 (r cmax + k)], cnt[r]
  * of them, total in all. Collective. */
 dsv4_status dsv4_wg_gather_lists(dsv4_comm *comm, const int64_t *pairs, int64_t mine, int64_t **all,

@@ -56,20 +56,21 @@ int dsv4_wg_rows_cheaper(const dsv4_wshape *s, int N) {
   const char *force = getenv("DSV4_WGRAD_ROWS");
   if (force && !strcmp(force, "always")) return 1;
   if (force && !strcmp(force, "never")) return 0;
-  const blocking bl = blocks_of(s);
+  const blocking bl = dsv4_wg_blocks(s);
   const stripes st = stripes_of(s, &bl);
   const double L = (double)(st.split_m ? s->M : s->N), S = (double)st.wS;
   const double foreign = (double)s->T * (N - 1) / N; /* the rows a rank receives (even shards) */
   const double rows = foreign * (S + L / N) * 4.0, sums = (double)s->M * (double)s->N * 16.0 * (N - 1) / N;
   const double held = foreign * (S + (double)st.step) * 4.0;
-  /* rows at a quarter of the sums' bytes: measured, the rows path's per-line exchanges cost more than
-   * their bytes (V4-Flash CSA at 4096 tokens on 2 ranks, rows at half the sums: 7% slower) */
+  /* rows at a quarter of the sums' bytes or less: where they clearly win (V4-Flash at 1024 tokens on
+   * 2 ranks, 1/4 to 1/16); at 4096 (rows at half the sums) no gain could be told from this
+   * machine's noise, so longer streams keep the sums path */
   return st.nL >= N && 4.0 * rows < sums && held <= ROWS_MAX_BYTES;
 }
 
 uint64_t dsv4_wg_rows_bytes(const dsv4_wshape *s, int N, int64_t mine, int threads) {
   if (!dsv4_wg_rows_cheaper(s, N)) return 0;
-  const blocking bl = blocks_of(s);
+  const blocking bl = dsv4_wg_blocks(s);
   const stripes st = stripes_of(s, &bl);
   const uint64_t foreign = (uint64_t)(s->T > mine ? s->T - mine : 0), m = (uint64_t)(mine > 0 ? mine : 0);
   const uint64_t wS = (uint64_t)st.wS, wL = (uint64_t)st.step, P = (uint64_t)s->P;
@@ -84,18 +85,6 @@ uint64_t dsv4_wg_rows_bytes(const dsv4_wshape *s, int N, int64_t mine, int threa
   return sizeof(float) * floats + per_thread * (uint64_t)(threads > 1 ? threads : 1);
 }
 
-/* Columns [c0, c0 + w) of this rank's rows (A's, masked, or B's) into dst [rows, w], in run order. */
-static void pack_cols(const wrun *runs, int64_t n_runs, int side_a, int64_t c0, int64_t w, float *dst) {
-  for (int64_t j = 0; j < n_runs; j++) {
-    const wrun *r = &runs[j];
-    for (int64_t i = 0; i < r->len; i++, dst += w) {
-      const float *src = side_a ? r->A + i * r->lda + c0 : r->B + i * r->ldb + c0;
-      if (side_a && r->keep && !r->keep[i]) memset(dst, 0, sizeof(float) * (size_t)w);
-      else memcpy(dst, src, sizeof(float) * (size_t)w);
-    }
-  }
-}
-
 /* One panel's rows as the product reads them: A's column a0 at A[0], B's column b0 at B[0]. */
 typedef struct {
   const float *A, *B;
@@ -107,7 +96,7 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
                             dsv4_impl impl, int *bad_out) {
   dsv4_status rc = DSV4_OK;
   const int N = comm->size, me = comm->rank;
-  const blocking bl = blocks_of(s);
+  const blocking bl = dsv4_wg_blocks(s);
   const stripes st = stripes_of(s, &bl);
   const int64_t n_panels = (s->T + s->P - 1) / s->P, wL = st.step;
   int64_t *pairs = NULL, *all = NULL, *cnt = NULL, *nrows = NULL, *roff = NULL, *pn = NULL, *pidx = NULL;
@@ -168,7 +157,7 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
   /* where each rank's rows land here: rank r's at row fo[r] of rS / rL (this rank's own: none) */
   for (int64_t r = 0, at = 0; r < N; r++) fo[r] = at, at += r == me ? 0 : nrows[r];
   /* S: every rank's rows whole, once */
-  pack_cols(runs, n_runs, !st.split_m, 0, st.wS, sS);
+  dsv4_wg_pack_cols(runs, n_runs, !st.split_m, 0, st.wS, sS);
   for (int r = 0; r < N; r++)
     if (r != me && nrows[r])
       DSV4_TRY(dsv4_comm_irecv(comm, rS + fo[r] * st.wS, sizeof(float) * (size_t)(nrows[r] * st.wS), r, ROWS_TAG,
@@ -194,7 +183,7 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
       if (q == me || !mine || Lq >= stripe_lo(&st, q + 1, N)) continue;
       const int64_t wq = lblock_width(s, &st, Lq);
       float *dst = sL + (int64_t)(slot++) * mine * wL;
-      pack_cols(runs, n_runs, st.split_m, Lq * st.step, wq, dst);
+      dsv4_wg_pack_cols(runs, n_runs, st.split_m, Lq * st.step, wq, dst);
       DSV4_TRY(dsv4_comm_isend(comm, dst, sizeof(float) * (size_t)(mine * wq), q, tag, &reqs[n_req++]));
     }
     DSV4_TRY(dsv4_comm_wait(comm, reqs, (int)n_req));
@@ -211,9 +200,7 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
           const int64_t o = fo[r] + roff[pidx[p]];
           if (r == me) {
             const wrun *ru = &runs[pidx[p] - r * cmax];
-            int masked = 0;
-            for (int64_t i = 0; ru->keep && i < ru->len; i++) masked |= !ru->keep[i];
-            views[v++] = (view){ru->A, ru->B, ru->lda, ru->ldb, 0, 0, ru->len, masked ? ru->keep : NULL};
+            views[v++] = (view){ru->A, ru->B, ru->lda, ru->ldb, 0, 0, ru->len, dsv4_wg_run_masked(ru) ? ru->keep : NULL};
           } else if (st.split_m) {
             views[v++] = (view){rL + o * w, rS + o * st.wS, w, st.wS, c0, 0, extent(s, p), NULL};
           } else {
@@ -229,12 +216,8 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
             if (g0 / s->P != p) continue;
             const int64_t i0 = g0 - p * s->P;
             if (r == me) {
-              const wrun *ru = &runs[kk];
-              for (int64_t i = 0; i < len; i++) {
-                if (ru->keep && !ru->keep[i]) memset(A + (i0 + i) * wA, 0, sizeof(float) * (size_t)wA);
-                else memcpy(A + (i0 + i) * wA, ru->A + i * ru->lda + a0, sizeof(float) * (size_t)wA);
-                memcpy(B + (i0 + i) * wB, ru->B + i * ru->ldb + b0, sizeof(float) * (size_t)wB);
-              }
+              dsv4_wg_pack_cols(&runs[kk], 1, 1, a0, wA, A + i0 * wA);
+              dsv4_wg_pack_cols(&runs[kk], 1, 0, b0, wB, B + i0 * wB);
               continue;
             }
             const int64_t o = fo[r] + roff[r * cmax + kk];
@@ -256,8 +239,9 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
         float *t = tb + id * tper;
         int64_t *acc = accb + id * aper;
         for (int64_t q = 0; q < v; q++)
-          bad |= add_panel(m0 - views[q].a0, mb, n0 - views[q].b0, nb, views[q].A, views[q].lda, views[q].B,
-                           views[q].ldb, views[q].keep, views[q].len, t, t + bl.mb * bl.nb, acc, nb, q == 0, impl);
+          bad |= dsv4_wg_add_panel(m0 - views[q].a0, mb, n0 - views[q].b0, nb, views[q].A, views[q].lda, views[q].B,
+                                   views[q].ldb, views[q].keep, views[q].len, t, t + bl.mb * bl.nb, acc, nb, q == 0,
+                                   impl);
         for (int64_t r = 0; r < mb; r++) {
           int64_t *h = acc + r * 2 * nb;
           if (v == 0) memset(h, 0, sizeof(int64_t) * 2 * (size_t)nb);
