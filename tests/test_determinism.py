@@ -9,7 +9,9 @@ its readers, r = 1 and r = 2).
 Across CP degrees (N = 2, 3, both splits; 4 and 8 on the unpadded packing) every tensor, the
 rank-summed weight gradients included, is byte for byte the N = 1 run's, and so it is when the
 weight products move rows instead of sums between ranks (DSV4_WGRAD_ROWS=always: the path longer
-V4-Flash products take at short lengths; these tiny shapes never would)."""
+V4-Flash products take at short lengths; these tiny shapes never would), and when a weight block's
+panel products are summed one panel at a time through exact sums in memory (DSV4_WGRAD_GROUP=1:
+what streams of more than 8 panels do) instead of in one pass."""
 import argparse
 import itertools
 import os
@@ -82,6 +84,15 @@ def matrix(build, name, base_args, configs, tmp):
             if T.check(rc == 0, f"determinism: {label} runs", err) and one is not None:
                 diff = same_bytes(one, st.read(out))
                 T.check(not diff, f"determinism: {label}: every tensor byte for byte N=1's", "differ: " + " ".join(diff[:6]))
+    # weight sums kept in memory between groups of one panel (what streams of more than 8 panels
+    # take; the default adds a block's panels in one pass): the same bytes
+    for (n, split), (threads, recompute) in zip(configs[:2], ((2, 1), (1, 0))):
+        out = os.path.join(tmp, f"{name}_n{n}_{split}_t{threads}_r{recompute}_g1.st")
+        rc, err = run_one(build, base_args, n, split, threads, recompute, out, {"DSV4_WGRAD_GROUP": "1"})
+        label = f"{name} N={n} {split} threads={threads}{' --recompute' if recompute else ''} one panel per group"
+        if T.check(rc == 0, f"determinism: {label} runs", err) and one is not None:
+            diff = same_bytes(one, st.read(out))
+            T.check(not diff, f"determinism: {label}: every tensor byte for byte N=1's", "differ: " + " ".join(diff[:6]))
     if one is not None:
         for (n, split), got in base.items():
             if n == 1:

@@ -256,52 +256,78 @@ blocking dsv4_wg_blocks(const dsv4_wshape *s) {
   return b;
 }
 
-int dsv4_wg_add_panel(int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float *A, int64_t lda, const float *B,
-                      int64_t ldb, const uint8_t *keep, int64_t len, float *t, float *za, int64_t *acc,
-                      int64_t wacc, int fresh, dsv4_impl impl) {
-  const float *a = A + m0;
-  int64_t la = lda;
-  if (keep) { /* padding rows: their A counts as zero */
-    for (int64_t i = 0; i < len; i++) {
-      if (keep[i]) memcpy(za + i * mb, A + i * lda + m0, sizeof(float) * (size_t)mb);
+/* View v's product restricted to block (m0, n0) [mb, nb]: fp32 into t [mb, nb]. za: room for
+ * len x mb floats (the masked A). */
+static void panel_product(const wview *v, int64_t m0, int64_t mb, int64_t n0, int64_t nb, float *t, float *za,
+                          dsv4_impl impl) {
+  const float *a = v->A + (m0 - v->a0);
+  int64_t la = v->lda;
+  if (v->keep) { /* padding rows: their A counts as zero */
+    for (int64_t i = 0; i < v->len; i++) {
+      if (v->keep[i]) memcpy(za + i * mb, a + i * v->lda, sizeof(float) * (size_t)mb);
       else memset(za + i * mb, 0, sizeof(float) * (size_t)mb);
     }
     a = za;
     la = mb;
   }
-  if (impl == DSV4_IMPL_NAIVE) dsv4_gemm_tn_ref(mb, nb, len, 1.0f, a, la, B + n0, ldb, 0.0f, t, nb);
-  else dsv4_gemm_tn(mb, nb, len, 1.0f, a, la, B + n0, ldb, 0.0f, t, nb);
+  const float *b = v->B + (n0 - v->b0);
+  if (impl == DSV4_IMPL_NAIVE) dsv4_gemm_tn_ref(mb, nb, v->len, 1.0f, a, la, b, v->ldb, 0.0f, t, nb);
+  else dsv4_gemm_tn(mb, nb, v->len, 1.0f, a, la, b, v->ldb, 0.0f, t, nb);
+}
+
+int dsv4_wg_group(void) {
+  const char *g = getenv("DSV4_WGRAD_GROUP");
+  const int k = g ? atoi(g) : 0;
+  return k >= 1 && k <= DSV4_WG_GROUP ? k : DSV4_WG_GROUP;
+}
+
+int dsv4_wg_block_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_t n0, int64_t nb, float *t,
+                      int64_t *acc, int64_t wacc, int fresh, float *out, int64_t ldo, int beta, dsv4_impl impl) {
+  const int64_t mn = mb * nb, G = dsv4_wg_group();
+  float *za = t + DSV4_WG_GROUP * mn;
+  const float *tr[DSV4_WG_GROUP];
   int bad = 0;
-  for (int64_t r = 0; r < mb; r++) {
-    int64_t *h = acc + r * 2 * wacc;
-    bad |= fresh ? dsv4_xacc_set(h, h + wacc, t + r * nb, nb) : dsv4_xacc_add(h, h + wacc, t + r * nb, nb);
+  if (out && nv <= G) { /* one group: no sums in memory */
+    for (int64_t q = 0; q < nv; q++) panel_product(&v[q], m0, mb, n0, nb, t + q * mn, za, impl);
+    for (int64_t r = 0; r < mb; r++) {
+      for (int64_t q = 0; q < nv; q++) tr[q] = t + q * mn + r * nb;
+      bad |= dsv4_xacc_sumk(out + r * ldo, tr, (int)nv, nb, beta);
+    }
+    return bad;
+  }
+  for (int64_t g0 = 0; g0 < nv || (fresh && g0 == 0); g0 += G) {
+    const int64_t k = nv - g0 < G ? nv - g0 : G;
+    for (int64_t q = 0; q < k; q++) panel_product(&v[g0 + q], m0, mb, n0, nb, t + q * mn, za, impl);
+    for (int64_t r = 0; r < mb; r++) {
+      int64_t *h = acc + r * 2 * wacc;
+      for (int64_t q = 0; q < k; q++) tr[q] = t + q * mn + r * nb;
+      bad |= dsv4_xacc_addk_(h, h + wacc, tr, (int)k, nb, fresh && g0 == 0);
+    }
+    if (k == 0) break;
+  }
+  for (int64_t r = 0; out && r < mb; r++) { /* the adds leave lo normalised */
+    const int64_t *h = acc + r * 2 * wacc;
+    dsv4_xacc_store(out + r * ldo, h, h + wacc, nb, beta);
   }
   return bad;
 }
 
-/* Every full run and assembled panel into block b of acc (rows of width wacc, at the block's own
- * offset: acc points at the block's first element). fresh: the block's sums start here (the first
- * panel sets them, so they are never cleared and read back; no panel: zeroed). */
-static int add_block(const dsv4_wshape *s, const blocking *bl, int64_t b, const wrun *runs, int64_t n_runs,
-                     const wpanel *pan, int64_t n_pan, float *t, float *za, int64_t *acc, int64_t wacc, int fresh,
-                     dsv4_impl impl) {
-  const int64_t m0 = (b / bl->bn) * bl->mb, n0 = (b % bl->bn) * bl->nb;
-  const int64_t mb = m0 + bl->mb <= s->M ? bl->mb : s->M - m0, nb = n0 + bl->nb <= s->N ? bl->nb : s->N - n0;
-  int bad = 0;
+/* The products a block adds: every full run and every assembled panel. */
+static dsv4_status views_of(const dsv4_wshape *s, const wrun *runs, int64_t n_runs, const wpanel *pan,
+                            int64_t n_pan, wview **out, int64_t *n_out) {
+  dsv4_status rc = DSV4_OK;
+  int64_t n = 0;
+  DSV4_ALLOC(*out, n_runs + n_pan + 1);
   for (int64_t j = 0; j < n_runs; j++) {
     const wrun *r = &runs[j];
-    if (!run_full(s, r)) continue;
-    bad |= dsv4_wg_add_panel(m0, mb, n0, nb, r->A, r->lda, r->B, r->ldb, dsv4_wg_run_masked(r) ? r->keep : NULL, r->len, t, za, acc,
-                     wacc, fresh, impl);
-    fresh = 0;
+    if (run_full(s, r))
+      (*out)[n++] = (wview){r->A, r->B, r->lda, r->ldb, 0, 0, r->len, dsv4_wg_run_masked(r) ? r->keep : NULL};
   }
-  for (int64_t q = 0; q < n_pan; q++) {
-    bad |= dsv4_wg_add_panel(m0, mb, n0, nb, pan[q].A, s->M, pan[q].B, s->N, NULL, extent(s, pan[q].panel), t, za, acc, wacc,
-                     fresh, impl);
-    fresh = 0;
-  }
-  for (int64_t r = 0; fresh && r < mb; r++) memset(acc + r * 2 * wacc, 0, sizeof(int64_t) * 2 * (size_t)nb);
-  return bad;
+  for (int64_t q = 0; q < n_pan; q++)
+    (*out)[n++] = (wview){pan[q].A, pan[q].B, s->M, s->N, 0, 0, extent(s, pan[q].panel), NULL};
+  *n_out = n;
+fail:
+  return rc;
 }
 
 /* The streamed products' sums and fp32 blocks, kept by the calling thread from one product to the
@@ -347,17 +373,6 @@ static int64_t block_cols(const dsv4_wshape *s, const blocking *bl, int64_t b) {
   return n0 + bl->nb <= s->N ? bl->nb : s->N - n0;
 }
 
-/* Block b's sums (rows of width block_cols, normalised here) added to C, rounded once. */
-static void store_block(const dsv4_wshape *s, const blocking *bl, int64_t b, int64_t *acc, float *C) {
-  const int64_t m0 = (b / bl->bn) * bl->mb, n0 = (b % bl->bn) * bl->nb;
-  const int64_t mb = m0 + bl->mb <= s->M ? bl->mb : s->M - m0, nb = block_cols(s, bl, b);
-  for (int64_t r = 0; r < mb; r++) {
-    int64_t *h = acc + r * 2 * nb;
-    dsv4_xacc_normalize(h, h + nb, nb);
-    dsv4_xacc_store(C + (m0 + r) * s->N + n0, h, h + nb, nb, 1);
-  }
-}
-
 static dsv4_status allreduce_i64(dsv4_comm *comm, int64_t *x, size_t n) {
   if (!comm || comm->size < 2 || n == 0) return DSV4_OK;
   return dsv4_comm_allreduce(comm, x, n, DSV4_RED_I64, DSV4_RED_SUM);
@@ -369,7 +384,8 @@ dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *shape, const ds
   const dsv4_wshape *s = shape;
   wrun *runs = NULL;
   wpanel *pan = NULL;
-  int64_t n_runs = 0, n_pan = 0, *acc = NULL;
+  wview *views = NULL;
+  int64_t n_runs = 0, n_pan = 0, n_views = 0, *acc = NULL;
   float *tb = NULL;
   int bad = 0;
   if (s->M <= 0 || s->N <= 0) return DSV4_OK;
@@ -381,34 +397,39 @@ dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *shape, const ds
     goto fail;
   }
   DSV4_TRY(gather_partials(comm, s, runs, n_runs, &pan, &n_pan));
+  DSV4_TRY(views_of(s, runs, n_runs, pan, n_pan, &views, &n_views));
   const blocking bl = dsv4_wg_blocks(s);
   const int nt = dsv4_nthreads();
   const int64_t nblocks = bl.bm * bl.bn, per = bl.mb * 2 * bl.nb;
-  const int64_t tper = bl.mb * bl.nb + s->P * bl.mb; /* the fp32 product, the zero-padded A */
-  /* One rank: each block stored while still in cache. N ranks: superblocks of N x kpr blocks, each
-   * rank's sums reduce-scattered to the rank that rounds kpr of the blocks, whose floats are then
-   * all-gathered: 16 + 4 bytes per element and rank instead of an all-reduce's 2 x 16. */
+  const int64_t tper = dsv4_wg_tfloats(&bl, s->P);
+  /* One rank: each block's value added to C as it is summed (sums in memory, one block per thread,
+   * only past one group of panels). N ranks: superblocks of N x kpr blocks, each rank's sums
+   * reduce-scattered to the rank that rounds kpr of the blocks, whose floats are then all-gathered:
+   * 16 + 4 bytes per element and rank instead of an all-reduce's 2 x 16. */
   const int one = !comm || comm->size < 2, N = one ? 1 : comm->size, me = one ? 0 : comm->rank;
   const int64_t kpr = one ? SUPER_BLOCKS : (SUPER_BLOCKS / N > 1 ? SUPER_BLOCKS / N : 1), sb = N * kpr;
   const int64_t slice = kpr * per + 1, mbnb = bl.mb * bl.nb, fslice = kpr * mbnb + 1;
-  DSV4_TRY(scratch(N * slice + slice, tper * nt + (one ? 0 : (int64_t)N * fslice + fslice), &acc, &tb));
-  int64_t *mine = acc + N * slice;
-  float *fall = tb + tper * nt, *fmine = fall + (int64_t)N * fslice;
+  const int64_t n_acc = one ? (n_views > dsv4_wg_group() ? per * nt : 0) : N * slice + slice;
+  DSV4_TRY(scratch(n_acc, tper * nt + (one ? 0 : (int64_t)N * fslice + fslice), &acc, &tb));
+  int64_t *mine = one ? NULL : acc + N * slice;
+  float *fall = one ? NULL : tb + tper * nt, *fmine = one ? NULL : fall + (int64_t)N * fslice;
   int64_t any_bad = 0;
   for (int64_t b0 = 0; b0 < nblocks; b0 += sb) {
     const int64_t nbk = nblocks - b0 < sb ? nblocks - b0 : sb;
     bad = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(| : bad)
     for (int64_t j = 0; j < (one ? nbk : sb); j++) {
-      int64_t *a = acc + (j / kpr) * slice + (j % kpr) * per;
+      const int id = dsv4_thread_id();
+      int64_t *a = one ? (acc ? acc + id * per : NULL) : acc + (j / kpr) * slice + (j % kpr) * per;
       if (j >= nbk) { /* the last superblock's missing blocks: zero sums */
         memset(a, 0, sizeof(int64_t) * (size_t)per);
         continue;
       }
       dsv4_blas_serial();
-      float *t = tb + dsv4_thread_id() * tper;
-      bad |= add_block(s, &bl, b0 + j, runs, n_runs, pan, n_pan, t, t + mbnb, a, block_cols(s, &bl, b0 + j), 1, impl);
-      if (one) store_block(s, &bl, b0 + j, a, C);
+      const int64_t b = b0 + j, m0 = (b / bl.bn) * bl.mb, n0 = (b % bl.bn) * bl.nb, nb = block_cols(s, &bl, b);
+      const int64_t mb = m0 + bl.mb <= s->M ? bl.mb : s->M - m0;
+      bad |= dsv4_wg_block_sum(views, n_views, m0, mb, n0, nb, tb + id * tper, a, nb, 1,
+                               one ? C + m0 * s->N + n0 : NULL, s->N, 1, impl);
     }
     if (one) {
       any_bad |= bad;
@@ -446,6 +467,7 @@ dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *shape, const ds
 fail:
   if (!active_sinks) scratch_release(); /* a call outside a backward keeps nothing */
   free(runs);
+  free(views);
   panels_free(pan, n_pan);
   return rc;
 }
@@ -470,14 +492,16 @@ int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n) {
 
 uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int threads, int64_t n, int64_t T,
                           int ranks) {
-  const uint64_t per_thread = sizeof(float) * (uint64_t)BLOCK_ELEMS * (1 + 512u / BLOCK_COLS);
-  const uint64_t streamed = (uint64_t)SUPER_BLOCKS * BLOCK_ELEMS * 2 * sizeof(int64_t) * 2;
+  const uint64_t per_thread = sizeof(float) * (uint64_t)BLOCK_ELEMS * (DSV4_WG_GROUP + 512u / BLOCK_COLS);
+  const int64_t d = cf->dim, P = dsv4_panel_rows(T), panels = (T + P - 1) / P;
+  const uint64_t sums = (uint64_t)BLOCK_ELEMS * 2 * sizeof(int64_t); /* one block's */
+  const uint64_t nthr = (uint64_t)(threads > 1 ? threads : 1);
+  const uint64_t streamed = ranks > 1 ? (uint64_t)SUPER_BLOCKS * sums * 2 : panels > DSV4_WG_GROUP ? sums * nthr : 0;
   uint64_t sinks = 0, rows = 0;
   keep_costs(cf, selects, n, &sinks, &rows);
   const uint64_t kept = recompute ? (rows <= sinks ? rows : sinks) : 0;
   /* the products that move rows instead of sums (one at a time): the largest one's buffers */
   const int64_t H = cf->n_heads, D = cf->head_dim, G = cf->o_groups, Ro = cf->o_lora_rank, dq = cf->q_lora_rank;
-  const int64_t d = cf->dim, P = dsv4_panel_rows(T);
   const dsv4_wshape shapes[] = {{d, G * Ro, P, T}, {D, d, P, T}, {dq, d, P, T}, {Ro, (H / G) * D, P, T},
                                 {H * D, dq, P, T}, {(int64_t)cf->index_n_heads * cf->index_head_dim, dq, P, T},
                                 {cf->index_n_heads, d, P, T}};
@@ -486,7 +510,7 @@ uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int
     const uint64_t b = dsv4_wg_rows_bytes(&shapes[i], ranks, n, threads);
     if (b > moved) moved = b;
   }
-  return kept + (streamed > moved ? streamed : moved) + per_thread * (uint64_t)(threads > 1 ? threads : 1);
+  return kept + (streamed > moved ? streamed : moved) + per_thread * nthr;
 }
 
 /* ---- sinks ----------------------------------------------------------------------------------- */
@@ -600,22 +624,28 @@ static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel
   const dsv4_wshape *s = &k->shape;
   const blocking bl = dsv4_wg_blocks(s);
   const int nt = dsv4_nthreads();
-  const int64_t tper = bl.mb * bl.nb + s->P * bl.mb;
-  float *tb = malloc(sizeof(float) * (size_t)(tper * nt));
+  const int64_t tper = dsv4_wg_tfloats(&bl, s->P);
+  wview *views = NULL;
+  int64_t n_views = 0;
   int bad = 0;
+  *rc = views_of(s, runs, n_runs, pan, n_pan, &views, &n_views);
+  if (*rc != DSV4_OK) return 0;
+  float *tb = malloc(sizeof(float) * (size_t)(tper * nt));
   if (!tb) {
     *rc = dsv4__err(DSV4_ERR_NOMEM, __FILE__, __LINE__, "out of memory for a weight-gradient block");
+    free(views);
     return 0;
   }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(| : bad)
   for (int64_t b = 0; b < bl.bm * bl.bn; b++) {
     dsv4_blas_serial();
-    const int64_t m0 = (b / bl.bn) * bl.mb, n0 = (b % bl.bn) * bl.nb;
-    float *t = tb + dsv4_thread_id() * tper;
-    bad |= add_block(s, &bl, b, runs, n_runs, pan, n_pan, t, t + bl.mb * bl.nb, k->acc + m0 * 2 * s->N + n0, s->N, 0,
-                     impl);
+    const int64_t m0 = (b / bl.bn) * bl.mb, n0 = (b % bl.bn) * bl.nb, nb = block_cols(s, &bl, b);
+    const int64_t mb = m0 + bl.mb <= s->M ? bl.mb : s->M - m0;
+    bad |= dsv4_wg_block_sum(views, n_views, m0, mb, n0, nb, tb + dsv4_thread_id() * tper,
+                             k->acc + m0 * 2 * s->N + n0, s->N, 0, NULL, 0, 0, impl);
   }
   free(tb);
+  free(views);
   return bad;
 }
 

@@ -30,13 +30,35 @@ int dsv4_wg_run_masked(const wrun *r);
 /* Columns [c0, c0 + w) of the runs' rows (A's, padding rows as zeros, or B's) into dst [rows, w],
  * in run order. */
 void dsv4_wg_pack_cols(const wrun *runs, int64_t n_runs, int side_a, int64_t c0, int64_t w, float *dst);
-/* One panel's product restricted to block (m0, n0) [mb, nb] (m0, n0: the block's columns counted
- * from A's and B's first): fp32 into t, then added exactly into acc rows of width wacc (a row's hi,
- * then its lo). fresh: the sums are set, not added. za: room for len x mb floats (the masked A).
- * Returns nonzero on a bad term. */
-int dsv4_wg_add_panel(int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float *A, int64_t lda, const float *B,
-                      int64_t ldb, const uint8_t *keep, int64_t len, float *t, float *za, int64_t *acc,
-                      int64_t wacc, int fresh, dsv4_impl impl);
+/* One panel's rows as a product reads them: A's column a0 at A[0], B's column b0 at B[0]; keep:
+ * NULL or the rows' padding mask (0: A counts as zero). */
+typedef struct {
+  const float *A, *B;
+  int64_t lda, ldb, a0, b0, len;
+  const uint8_t *keep;
+} wview;
+
+/* Panels whose fp32 products a block holds side by side and adds in one pass (their exact sums stay
+ * in registers for the group instead of being read and written once per panel). */
+#define DSV4_WG_GROUP 8
+
+/* The group size in use: DSV4_WG_GROUP, or DSV4_WGRAD_GROUP=k (1 .. DSV4_WG_GROUP) from the
+ * environment, which a test sets to send short streams through the sums-in-memory path (the bits
+ * are the same for every k). */
+int dsv4_wg_group(void);
+
+/* Floats of dsv4_wg_block_sum's per-thread room: a group's products and the masked A. */
+static inline int64_t dsv4_wg_tfloats(const blocking *bl, int64_t P) {
+  return DSV4_WG_GROUP * bl->mb * bl->nb + P * bl->mb;
+}
+
+/* Block (m0, n0) [mb, nb] (counted in the whole product's columns) of the sum of the views'
+ * products, added exactly. out given: the value, rounded once, into rows of out (ldo apart; beta
+ * 0: =, 1: +=); acc then serves only as the intermediate, needed when nv > dsv4_wg_group(). out
+ * NULL: into the exact sums acc (rows of width wacc, a row's hi then its lo; fresh: set, not
+ * added). Groups of dsv4_wg_group() panels. t: dsv4_wg_tfloats floats. Returns nonzero on a bad term. */
+int dsv4_wg_block_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_t n0, int64_t nb, float *t,
+                      int64_t *acc, int64_t wacc, int fresh, float *out, int64_t ldo, int beta, dsv4_impl impl);
 /* Every rank's list of `mine` runs (pairs g0, len): rank r's k-th at all[2 (r cmax + k)], cnt[r]
  * of them, total in all. Collective. */
 dsv4_status dsv4_wg_gather_lists(dsv4_comm *comm, const int64_t *pairs, int64_t mine, int64_t **all,

@@ -80,17 +80,11 @@ uint64_t dsv4_wg_rows_bytes(const dsv4_wshape *s, int N, int64_t mine, int threa
   const uint64_t line = (uint64_t)(st.split_m ? bl.mb * s->N : s->M * bl.nb) + 1;
   const uint64_t floats = foreign * (wS + wL) + m * (wS + (uint64_t)(N - 1) * wL) + asm_rows * (wide + wL) +
                           (uint64_t)(N + 1) * line;
-  const uint64_t per_thread = sizeof(float) * (uint64_t)(bl.mb * bl.nb + s->P * bl.mb) +
-                              sizeof(int64_t) * (uint64_t)(2 * bl.mb * bl.nb);
+  const int64_t panels = (s->T + s->P - 1) / s->P;
+  const uint64_t per_thread = sizeof(float) * (uint64_t)dsv4_wg_tfloats(&bl, s->P) +
+                              (panels > DSV4_WG_GROUP ? sizeof(int64_t) * (uint64_t)(2 * bl.mb * bl.nb) : 0);
   return sizeof(float) * floats + per_thread * (uint64_t)(threads > 1 ? threads : 1);
 }
-
-/* One panel's rows as the product reads them: A's column a0 at A[0], B's column b0 at B[0]. */
-typedef struct {
-  const float *A, *B;
-  int64_t lda, ldb, a0, b0, len;
-  const uint8_t *keep;
-} view;
 
 dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *runs, int64_t n_runs, float *C,
                             dsv4_impl impl, int *bad_out) {
@@ -105,7 +99,7 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
   float *sS = NULL, *rS = NULL, *sL = NULL, *rL = NULL, *pa = NULL, *pb = NULL, *line = NULL, *lines = NULL;
   float *tb = NULL;
   int64_t *accb = NULL;
-  view *views = NULL;
+  wview *views = NULL;
   dsv4_comm_req **reqs = NULL;
   int any_bad = 0;
   *bad_out = 0;
@@ -141,7 +135,7 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
   const int64_t mine = nrows[me], wa = st.split_m ? wL : s->M, wb = st.split_m ? s->N : wL;
   const int64_t line_max = st.split_m ? bl.mb * s->N : s->M * bl.nb;
   const int nt = dsv4_nthreads();
-  const int64_t tper = bl.mb * bl.nb + s->P * bl.mb, aper = bl.mb * 2 * bl.nb;
+  const int64_t tper = dsv4_wg_tfloats(&bl, s->P), aper = bl.mb * 2 * bl.nb;
   DSV4_ALLOC(sS, mine * st.wS + 1);
   DSV4_ALLOC(rS, foreign * st.wS + 1);
   DSV4_ALLOC(sL, (int64_t)(N - 1) * mine * wL + 1);
@@ -151,7 +145,7 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
   DSV4_ALLOC(line, line_max + 1);
   DSV4_ALLOC(lines, (int64_t)N * (line_max + 1));
   DSV4_ALLOC(tb, tper * nt);
-  DSV4_ALLOC(accb, aper * nt);
+  if (n_views > dsv4_wg_group()) DSV4_ALLOC(accb, aper * nt); /* sums in memory past one group */
   DSV4_ALLOC(views, n_views + 1);
   DSV4_ALLOC(reqs, 2 * N + 1);
   /* where each rank's rows land here: rank r's at row fo[r] of rS / rL (this rank's own: none) */
@@ -200,11 +194,11 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
           const int64_t o = fo[r] + roff[pidx[p]];
           if (r == me) {
             const wrun *ru = &runs[pidx[p] - r * cmax];
-            views[v++] = (view){ru->A, ru->B, ru->lda, ru->ldb, 0, 0, ru->len, dsv4_wg_run_masked(ru) ? ru->keep : NULL};
+            views[v++] = (wview){ru->A, ru->B, ru->lda, ru->ldb, 0, 0, ru->len, dsv4_wg_run_masked(ru) ? ru->keep : NULL};
           } else if (st.split_m) {
-            views[v++] = (view){rL + o * w, rS + o * st.wS, w, st.wS, c0, 0, extent(s, p), NULL};
+            views[v++] = (wview){rL + o * w, rS + o * st.wS, w, st.wS, c0, 0, extent(s, p), NULL};
           } else {
-            views[v++] = (view){rS + o * st.wS, rL + o * w, st.wS, w, 0, c0, extent(s, p), NULL};
+            views[v++] = (wview){rS + o * st.wS, rL + o * w, st.wS, w, 0, c0, extent(s, p), NULL};
           }
           continue;
         }
@@ -225,7 +219,7 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
             memcpy(A + i0 * wA, fa, sizeof(float) * (size_t)(len * wA));
             memcpy(B + i0 * wB, fb, sizeof(float) * (size_t)(len * wB));
           }
-        views[v++] = (view){A, B, wA, wB, a0, b0, ext, NULL};
+        views[v++] = (wview){A, B, wA, wB, a0, b0, ext, NULL};
         at += ext;
       }
       /* this line's blocks: every panel, exactly, rounded once into the line */
@@ -236,19 +230,9 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
         const int64_t m0 = (b / bl.bn) * bl.mb, n0 = (b % bl.bn) * bl.nb;
         const int64_t mb = m0 + bl.mb <= s->M ? bl.mb : s->M - m0, nb = n0 + bl.nb <= s->N ? bl.nb : s->N - n0;
         const int id = dsv4_thread_id();
-        float *t = tb + id * tper;
-        int64_t *acc = accb + id * aper;
-        for (int64_t q = 0; q < v; q++)
-          bad |= dsv4_wg_add_panel(m0 - views[q].a0, mb, n0 - views[q].b0, nb, views[q].A, views[q].lda, views[q].B,
-                                   views[q].ldb, views[q].keep, views[q].len, t, t + bl.mb * bl.nb, acc, nb, q == 0,
-                                   impl);
-        for (int64_t r = 0; r < mb; r++) {
-          int64_t *h = acc + r * 2 * nb;
-          if (v == 0) memset(h, 0, sizeof(int64_t) * 2 * (size_t)nb);
-          dsv4_xacc_normalize(h, h + nb, nb);
-          float *out = st.split_m ? line + r * s->N + n0 : line + (m0 + r) * w;
-          dsv4_xacc_store(out, h, h + nb, nb, 0);
-        }
+        float *out = st.split_m ? line + n0 : line + m0 * w;
+        bad |= dsv4_wg_block_sum(views, v, m0, mb, n0, nb, tb + id * tper, accb ? accb + id * aper : NULL, nb, 1,
+                                 out, st.split_m ? s->N : w, 0, impl);
       }
     }
     line[line_max] = bad != 0; /* the flag travels with the line */

@@ -55,11 +55,13 @@ static inline int dsv4_xacc_add1(int64_t *restrict hi, int64_t *restrict lo, flo
   return !ok;
 }
 
-/* hi[e], lo[e] += t[e] for e < n (fresh: hi, lo are first set to zero, without reading them: the
- * first terms of a new sum). Returns nonzero when some term was non-finite or |t| >= 2^24 (that
- * term is then not added). */
-static inline int dsv4_xacc_add_(int64_t *restrict hi, int64_t *restrict lo, const float *restrict t, int64_t n,
-                                 const int fresh) {
+/* hi[e], lo[e] += t[0][e] + ... + t[k - 1][e] for e < n, the k terms of an element added while its
+ * sums stay in registers (one pass over hi, lo for k terms). fresh: hi, lo are first set to zero,
+ * without reading them: the first terms of a new sum. Returns nonzero when some term was
+ * non-finite or |t| >= 2^24 (that term is then not added). The sums are integers, so the result
+ * does not depend on k or on how terms are grouped into calls. */
+static inline int dsv4_xacc_addk_(int64_t *restrict hi, int64_t *restrict lo, const float *const *t, int k,
+                                  int64_t n, const int fresh) {
   int bad = 0;
   int64_t e = 0;
 #ifdef __AVX2__
@@ -70,28 +72,38 @@ static inline int dsv4_xacc_add_(int64_t *restrict hi, int64_t *restrict lo, con
   const __m256i mask = _mm256_set1_epi64x(((int64_t)1 << DSV4_XACC_LO_BITS) - 1), zero = _mm256_setzero_si256();
   __m256d badv = _mm256_setzero_pd();
   for (; e + 4 <= n; e += 4) {
-    const __m256d u0 = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(t + e)), in);
-    const __m256d ok = _mm256_cmp_pd(_mm256_and_pd(u0, absmask), lim, _CMP_LT_OQ); /* false for NaN */
-    badv = _mm256_or_pd(badv, _mm256_andnot_pd(ok, _mm256_castsi256_pd(_mm256_set1_epi64x(-1))));
-    const __m256d u = _mm256_and_pd(u0, ok);
-    const __m256d ra = _mm256_add_pd(u, magic), a = _mm256_sub_pd(ra, magic);
-    const __m256d rb = _mm256_add_pd(_mm256_mul_pd(_mm256_sub_pd(u, a), s50), magic);
-    const __m256i ia = _mm256_sub_epi64(_mm256_castpd_si256(ra), mb);
-    const __m256i l0 = fresh ? zero : _mm256_loadu_si256((const __m256i *)(lo + e));
-    const __m256i l = _mm256_add_epi64(l0, _mm256_sub_epi64(_mm256_castpd_si256(rb), mb));
-    /* carry = (l > mask) - (l < 0): compare results are -1 / 0 */
-    const __m256i carry = _mm256_sub_epi64(_mm256_cmpgt_epi64(zero, l), _mm256_cmpgt_epi64(l, mask));
-    _mm256_storeu_si256((__m256i *)(lo + e), _mm256_and_si256(l, mask));
-    const __m256i h = fresh ? zero : _mm256_loadu_si256((const __m256i *)(hi + e));
-    _mm256_storeu_si256((__m256i *)(hi + e), _mm256_add_epi64(h, _mm256_add_epi64(ia, carry)));
+    __m256i l = fresh ? zero : _mm256_loadu_si256((const __m256i *)(lo + e));
+    __m256i h = fresh ? zero : _mm256_loadu_si256((const __m256i *)(hi + e));
+    for (int j = 0; j < k; j++) {
+      const __m256d u0 = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(t[j] + e)), in);
+      const __m256d ok = _mm256_cmp_pd(_mm256_and_pd(u0, absmask), lim, _CMP_LT_OQ); /* false for NaN */
+      badv = _mm256_or_pd(badv, _mm256_andnot_pd(ok, _mm256_castsi256_pd(_mm256_set1_epi64x(-1))));
+      const __m256d u = _mm256_and_pd(u0, ok);
+      const __m256d ra = _mm256_add_pd(u, magic), a = _mm256_sub_pd(ra, magic);
+      const __m256d rb = _mm256_add_pd(_mm256_mul_pd(_mm256_sub_pd(u, a), s50), magic);
+      const __m256i ia = _mm256_sub_epi64(_mm256_castpd_si256(ra), mb);
+      l = _mm256_add_epi64(l, _mm256_sub_epi64(_mm256_castpd_si256(rb), mb));
+      /* carry = (l > mask) - (l < 0): compare results are -1 / 0 */
+      const __m256i carry = _mm256_sub_epi64(_mm256_cmpgt_epi64(zero, l), _mm256_cmpgt_epi64(l, mask));
+      l = _mm256_and_si256(l, mask);
+      h = _mm256_add_epi64(h, _mm256_add_epi64(ia, carry));
+    }
+    _mm256_storeu_si256((__m256i *)(lo + e), l);
+    _mm256_storeu_si256((__m256i *)(hi + e), h);
   }
   bad = _mm256_movemask_pd(badv) != 0;
 #endif
   for (; e < n; e++) {
     if (fresh) hi[e] = lo[e] = 0;
-    bad |= dsv4_xacc_add1(hi + e, lo + e, t[e]);
+    for (int j = 0; j < k; j++) bad |= dsv4_xacc_add1(hi + e, lo + e, t[j][e]);
   }
   return bad;
+}
+
+static inline int dsv4_xacc_add_(int64_t *restrict hi, int64_t *restrict lo, const float *restrict t, int64_t n,
+                                 const int fresh) {
+  const float *one[1] = {t};
+  return dsv4_xacc_addk_(hi, lo, one, 1, n, fresh);
 }
 
 static inline int dsv4_xacc_add(int64_t *restrict hi, int64_t *restrict lo, const float *restrict t, int64_t n) {
@@ -137,6 +149,23 @@ static inline void dsv4_xacc_store(float *restrict out, const int64_t *restrict 
     const float v = dsv4_xacc_value(hi[e], lo[e]);
     out[e] = beta ? out[e] + v : v;
   }
+}
+
+/* out[e] (beta 0: =, 1: +=) the value of t[0][e] + ... + t[k - 1][e]: the same bits as adding the
+ * terms into fresh sums and storing them (dsv4_xacc_set, _add, _store), without sums in memory
+ * (they live in a stack chunk of DSV4_XACC_CHUNK elements). Returns nonzero on a bad term. */
+#define DSV4_XACC_CHUNK 64
+static inline int dsv4_xacc_sumk(float *restrict out, const float *const *t, int k, int64_t n, int beta) {
+  int64_t hi[DSV4_XACC_CHUNK], lo[DSV4_XACC_CHUNK];
+  const float *tj[k > 0 ? k : 1];
+  int bad = 0;
+  for (int64_t e0 = 0; e0 < n; e0 += DSV4_XACC_CHUNK) {
+    const int64_t c = n - e0 < DSV4_XACC_CHUNK ? n - e0 : DSV4_XACC_CHUNK;
+    for (int j = 0; j < k; j++) tj[j] = t[j] + e0;
+    bad |= dsv4_xacc_addk_(hi, lo, tj, k, c, 1);
+    dsv4_xacc_store(out + e0, hi, lo, c, beta);
+  }
+  return bad;
 }
 
 #endif
