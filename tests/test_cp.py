@@ -301,7 +301,10 @@ def test_check_command(build):
         rc, out, err = T.cli(build, ["check", "--preset", "tiny", "--layer", str(layer), "--seq", seq], nranks=4, timeout=300)
         T.check(rc == 0 and "verdict: PASS" in out, f"dsv4cp check N=4 tiny layer {layer}",
                 (out + err).strip().splitlines()[-1] if (out + err).strip() else f"exit {rc}")
-        T.check("bitwise equal to CP = 1: yes" in out, f"dsv4cp check N=4 tiny layer {layer} forward bitwise",
+        T.check("forward and top-k bitwise equal to CP = 1: yes" in out, f"dsv4cp check N=4 tiny layer {layer} forward bitwise",
+                " ".join(l for l in out.splitlines() if "bitwise equal" in l))
+        T.check("dx and weight gradients bitwise equal to CP = 1: yes" in out,
+                f"dsv4cp check N=4 tiny layer {layer} dx and weight gradients bitwise",
                 " ".join(l for l in out.splitlines() if "bitwise equal" in l))
 
 
