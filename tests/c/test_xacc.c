@@ -91,6 +91,48 @@ static void vector_is_scalar(void) {
   free(t), free(v);
 }
 
+/* k terms per element added in one pass (dsv4_xacc_addk_) and rounded from registers
+ * (dsv4_xacc_sumk) give the bits of adding them one at a time (set, add, store), for groups of
+ * 1, 3 and 8 and lengths that are not multiples of the vector or the chunk; a bad term in any
+ * group is refused by every path. */
+static void grouped_is_serial(void) {
+  enum { N = 1001, K = 8 };
+  float *t = malloc(sizeof(float) * K * N), *base = malloc(sizeof(float) * N);
+  float *o1 = malloc(sizeof(float) * N), *o2 = malloc(sizeof(float) * N);
+  int64_t *s = calloc(4 * N, sizeof(int64_t)), *g = s + 2 * N;
+  terms(t, K * N);
+  tu_fill(base, N, 5, 10.0f);
+  const float *tk[K];
+  for (int j = 0; j < K; j++) tk[j] = t + j * N;
+  for (int k = 1; k <= K; k += k < 3 ? 2 : 5) {
+    int bs = 0, bg = 0;
+    for (int j = 0; j < k; j++) bs |= j ? dsv4_xacc_add(s, s + N, tk[j], N) : dsv4_xacc_set(s, s + N, tk[j], N);
+    bg |= dsv4_xacc_addk_(g, g + N, tk, k, N, 1);
+    tu_check(!bs && !bg && !memcmp(s, g, sizeof(int64_t) * 2 * N), "xacc: %d terms per element in one pass: the serial sums", k);
+    memcpy(o1, base, sizeof(float) * N);
+    memcpy(o2, base, sizeof(float) * N);
+    dsv4_xacc_store(o1, s, s + N, N, 1);
+    bg |= dsv4_xacc_sumk(o2, tk, k, N, 1);
+    tu_check(!bg && !memcmp(o1, o2, sizeof(float) * N), "xacc: %d terms rounded from registers, added to out: the same bits", k);
+    dsv4_xacc_store(o1, s, s + N, N, 0);
+    dsv4_xacc_sumk(o2, tk, k, N, 0);
+    tu_check(!memcmp(o1, o2, sizeof(float) * N), "xacc: %d terms rounded from registers, stored: the same bits", k);
+  }
+  memset(o2, 0, sizeof(float) * N);
+  tu_check(!dsv4_xacc_sumk(o2, tk, 0, N, 0) && o2[0] == 0.0f && o2[N - 1] == 0.0f, "xacc: no terms store zeros");
+  t[5 * N + 998] = NAN;       /* in a vector */
+  t[2 * N + N - 1] = INFINITY; /* in the scalar tail */
+  for (int e = 998; e <= N - 1; e += N - 1 - 998) {
+    const float *one[K];
+    for (int j = 0; j < K; j++) one[j] = tk[j] + e;
+    tu_check(dsv4_xacc_addk_(g, g + N, one, K, 1, 1) && dsv4_xacc_sumk(o2, one, K, 1, 0),
+             "xacc: the bad term of element %d refused by both grouped paths", e);
+  }
+  tu_check(dsv4_xacc_addk_(g, g + N, tk, K, N, 1) && dsv4_xacc_sumk(o2, tk, K, N, 0),
+           "xacc: bad terms in a vector and in the scalar tail refused by both grouped paths");
+  free(t), free(base), free(o1), free(o2), free(s);
+}
+
 /* Terms out of range are refused (never added silently): NaN, infinities, |t| >= 2^24. */
 static void refuses_bad_terms(void) {
   static const float bad[] = {NAN, INFINITY, -INFINITY, 0x1p24f, -0x1p24f, 1e30f};
@@ -229,6 +271,7 @@ static void wgrad_panels(void) {
 static const tu_test TESTS[] = {
   {"xacc", "order-independent", order_independent},
   {"xacc", "vector-is-scalar", vector_is_scalar},
+  {"xacc", "grouped-is-serial", grouped_is_serial},
   {"xacc", "refuses-bad-terms", refuses_bad_terms},
   {"xacc", "rows-any-threads", rows_any_threads},
   {"backward", "rows-nn-panels", rows_nn_panels},
