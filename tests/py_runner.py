@@ -11,8 +11,8 @@ for recompute=True}.
 
 --order decides what is imported before dsv4cp (the OpenBLAS kernel question, see
 python/dsv4cp/_lib.py): torch first (default, what users do), dsv4cp first, or numpy loaded with
-OPENBLAS_CORETYPE=Prescott (kernels unlike the CLI's) and the variable removed before dsv4cp is
-imported, so that dsv4cp must re-select the CLI's kernels. Prints one line per job with
+OPENBLAS_CORETYPE=Prescott (kernels unlike the CLI's) and the variable restored (removed, or the
+user's value) before dsv4cp is imported, so that dsv4cp must re-select the CLI's kernels. Prints one line per job with
 dsv4cp.blas_info().
 """
 import argparse
@@ -27,9 +27,15 @@ sys.path.insert(0, os.path.join(HERE, "ref"))
 
 def imports(order):
     if order == "numpy-prescott":
+        # the user's own choice (OPENBLAS_CORETYPE set in the environment, which the CLI honours too)
+        # comes back afterwards: it is the target dsv4cp must re-select
+        had = os.environ.get("OPENBLAS_CORETYPE")
         os.environ["OPENBLAS_CORETYPE"] = "Prescott"
         import numpy  # noqa: F401  (loads OpenBLAS with the SSE3 kernels)
-        del os.environ["OPENBLAS_CORETYPE"]
+        if had is None:
+            del os.environ["OPENBLAS_CORETYPE"]
+        else:
+            os.environ["OPENBLAS_CORETYPE"] = had
     if order == "dsv4cp-first":
         import dsv4cp  # noqa: F401
     import torch  # noqa: F401
