@@ -161,6 +161,19 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
                                                   &reqs[n_req++]));
   DSV4_TRY(dsv4_comm_wait(comm, reqs, (int)n_req));
   n_req = 0;
+  /* S's side of the panels that several pieces make, in row order: once, not once per line */
+  for (int64_t p = 0, at = 0; p < n_panels; p++) {
+    if (pn[p] < 2) continue;
+    float *PS = st.split_m ? pb + at * wb : pa + at * wa;
+    for (int r = 0; r < N; r++)
+      for (int64_t kk = 0; kk < cnt[r]; kk++) {
+        const int64_t g0 = all[2 * (r * cmax + kk)], len = all[2 * (r * cmax + kk) + 1], i0 = g0 - p * s->P;
+        if (g0 / s->P != p) continue;
+        if (r == me) dsv4_wg_pack_cols(&runs[kk], 1, !st.split_m, 0, st.wS, PS + i0 * st.wS);
+        else memcpy(PS + i0 * st.wS, rS + (fo[r] + roff[r * cmax + kk]) * st.wS, sizeof(float) * (size_t)(len * st.wS));
+      }
+    at += extent(s, p);
+  }
   const int64_t steps = (st.nL + N - 1) / N;
   for (int64_t k = 0; k < steps; k++) {
     const int tag = ROWS_TAG + 1 + (int)(k % ROWS_TAGS);
@@ -202,22 +215,16 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
           }
           continue;
         }
+        /* S's side was assembled before the lines; this line's columns of L now */
         const int64_t ext = extent(s, p), wA = st.split_m ? w : s->M, wB = st.split_m ? s->N : w;
-        float *A = pa + at * wa, *B = pb + at * wb;
+        float *A = pa + at * wa, *B = pb + at * wb, *PL = st.split_m ? A : B;
         for (int r = 0; r < N; r++)
           for (int64_t kk = 0; kk < cnt[r]; kk++) {
             const int64_t g0 = all[2 * (r * cmax + kk)], len = all[2 * (r * cmax + kk) + 1];
             if (g0 / s->P != p) continue;
             const int64_t i0 = g0 - p * s->P;
-            if (r == me) {
-              dsv4_wg_pack_cols(&runs[kk], 1, 1, a0, wA, A + i0 * wA);
-              dsv4_wg_pack_cols(&runs[kk], 1, 0, b0, wB, B + i0 * wB);
-              continue;
-            }
-            const int64_t o = fo[r] + roff[r * cmax + kk];
-            const float *fa = st.split_m ? rL + o * w : rS + o * st.wS, *fb = st.split_m ? rS + o * st.wS : rL + o * w;
-            memcpy(A + i0 * wA, fa, sizeof(float) * (size_t)(len * wA));
-            memcpy(B + i0 * wB, fb, sizeof(float) * (size_t)(len * wB));
+            if (r == me) dsv4_wg_pack_cols(&runs[kk], 1, st.split_m, c0, w, PL + i0 * w);
+            else memcpy(PL + i0 * w, rL + (fo[r] + roff[r * cmax + kk]) * w, sizeof(float) * (size_t)(len * w));
           }
         views[v++] = (wview){A, B, wA, wB, a0, b0, ext, NULL};
         at += ext;
