@@ -74,25 +74,25 @@ def matrix(build, name, base_args, configs, tmp):
             T.check(not diff, f"determinism: {label}: every tensor's bytes equal threads=1 default "
                               f"({len(got)} tensors)", "differ: " + " ".join(diff[:6]))
     one = base.get((1, "contiguous"))
+
+    def forced(n, split, threads, recompute, env, tag, what):
+        """One run with a path forced through the environment: byte for byte N = 1's."""
+        out = os.path.join(tmp, f"{name}_n{n}_{split}_t{threads}_r{recompute}_{tag}.st")
+        rc, err = run_one(build, base_args, n, split, threads, recompute, out, env)
+        label = f"{name} N={n} {split} threads={threads}{' --recompute' if recompute else ''} {what}"
+        if T.check(rc == 0, f"determinism: {label} runs", err) and one is not None:
+            diff = same_bytes(one, st.read(out))
+            T.check(not diff, f"determinism: {label}: every tensor byte for byte N=1's", "differ: " + " ".join(diff[:6]))
+
     # the weight products' other path under CP (rows to the block's owner instead of exact sums
     # reduced; what longer V4-Flash streams take): the same bytes
     for n, split in [c for c in configs if c[0] > 1][:2]:
         for threads, recompute in ((1, 0), (2, 1)):
-            out = os.path.join(tmp, f"{name}_n{n}_{split}_t{threads}_r{recompute}_rows.st")
-            rc, err = run_one(build, base_args, n, split, threads, recompute, out, {"DSV4_WGRAD_ROWS": "always"})
-            label = f"{name} N={n} {split} threads={threads}{' --recompute' if recompute else ''} weight rows path"
-            if T.check(rc == 0, f"determinism: {label} runs", err) and one is not None:
-                diff = same_bytes(one, st.read(out))
-                T.check(not diff, f"determinism: {label}: every tensor byte for byte N=1's", "differ: " + " ".join(diff[:6]))
+            forced(n, split, threads, recompute, {"DSV4_WGRAD_ROWS": "always"}, "rows", "weight rows path")
     # weight sums kept in memory between groups of one panel (what streams of more than 8 panels
     # take; the default adds a block's panels in one pass): the same bytes
     for (n, split), (threads, recompute) in zip(configs[:2], ((2, 1), (1, 0))):
-        out = os.path.join(tmp, f"{name}_n{n}_{split}_t{threads}_r{recompute}_g1.st")
-        rc, err = run_one(build, base_args, n, split, threads, recompute, out, {"DSV4_WGRAD_GROUP": "1"})
-        label = f"{name} N={n} {split} threads={threads}{' --recompute' if recompute else ''} one panel per group"
-        if T.check(rc == 0, f"determinism: {label} runs", err) and one is not None:
-            diff = same_bytes(one, st.read(out))
-            T.check(not diff, f"determinism: {label}: every tensor byte for byte N=1's", "differ: " + " ".join(diff[:6]))
+        forced(n, split, threads, recompute, {"DSV4_WGRAD_GROUP": "1"}, "g1", "one panel per group")
     if one is not None:
         for (n, split), got in base.items():
             if n == 1:

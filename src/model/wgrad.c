@@ -368,11 +368,6 @@ static void scratch_release(void) {
   memset(&kept, 0, sizeof kept);
 }
 
-static int64_t block_cols(const dsv4_wshape *s, const blocking *bl, int64_t b) {
-  const int64_t n0 = (b % bl->bn) * bl->nb;
-  return n0 + bl->nb <= s->N ? bl->nb : s->N - n0;
-}
-
 static dsv4_status allreduce_i64(dsv4_comm *comm, int64_t *x, size_t n) {
   if (!comm || comm->size < 2 || n == 0) return DSV4_OK;
   return dsv4_comm_allreduce(comm, x, n, DSV4_RED_I64, DSV4_RED_SUM);
@@ -426,10 +421,9 @@ dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *shape, const ds
         continue;
       }
       dsv4_blas_serial();
-      const int64_t b = b0 + j, m0 = (b / bl.bn) * bl.mb, n0 = (b % bl.bn) * bl.nb, nb = block_cols(s, &bl, b);
-      const int64_t mb = m0 + bl.mb <= s->M ? bl.mb : s->M - m0;
-      bad |= dsv4_wg_block_sum(views, n_views, m0, mb, n0, nb, tb + id * tper, a, nb, 1,
-                               one ? C + m0 * s->N + n0 : NULL, s->N, 1, impl);
+      const wblock k = dsv4_wg_block(s, &bl, b0 + j);
+      bad |= dsv4_wg_block_sum(views, n_views, k.m0, k.mb, k.n0, k.nb, tb + id * tper, a, k.nb, 1,
+                               one ? C + k.m0 * s->N + k.n0 : NULL, s->N, 1, impl);
     }
     if (one) {
       any_bad |= bad;
@@ -440,12 +434,11 @@ dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *shape, const ds
     for (int64_t q = 0; q < kpr; q++) { /* this rank's blocks, rounded once */
       const int64_t j = me * kpr + q;
       if (j >= nbk) continue;
-      const int64_t b = b0 + j, m0 = (b / bl.bn) * bl.mb, nb = block_cols(s, &bl, b);
-      const int64_t mb = m0 + bl.mb <= s->M ? bl.mb : s->M - m0;
-      for (int64_t r = 0; r < mb; r++) {
-        int64_t *h = mine + q * per + r * 2 * nb;
-        dsv4_xacc_normalize(h, h + nb, nb);
-        dsv4_xacc_store(fmine + q * mbnb + r * nb, h, h + nb, nb, 0);
+      const wblock k = dsv4_wg_block(s, &bl, b0 + j);
+      for (int64_t r = 0; r < k.mb; r++) {
+        int64_t *h = mine + q * per + r * 2 * k.nb;
+        dsv4_xacc_normalize(h, h + k.nb, k.nb);
+        dsv4_xacc_store(fmine + q * mbnb + r * k.nb, h, h + k.nb, k.nb, 0);
       }
     }
     fmine[kpr * mbnb] = (float)mine[kpr * per];
@@ -455,11 +448,10 @@ dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *shape, const ds
     any_bad |= fall[kpr * mbnb] != 0.0f;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t j = 0; j < nbk; j++) {
-      const int64_t b = b0 + j, m0 = (b / bl.bn) * bl.mb, n0 = (b % bl.bn) * bl.nb, nb = block_cols(s, &bl, b);
-      const int64_t mb = m0 + bl.mb <= s->M ? bl.mb : s->M - m0;
+      const wblock k = dsv4_wg_block(s, &bl, b0 + j);
       const float *v = fall + (j / kpr) * fslice + (j % kpr) * mbnb;
-      for (int64_t r = 0; r < mb; r++)
-        for (int64_t e = 0; e < nb; e++) C[(m0 + r) * s->N + n0 + e] += v[r * nb + e];
+      for (int64_t r = 0; r < k.mb; r++)
+        for (int64_t e = 0; e < k.nb; e++) C[(k.m0 + r) * s->N + k.n0 + e] += v[r * k.nb + e];
     }
   }
   DSV4_CHECK(!any_bad, DSV4_ERR_ARG,
@@ -639,10 +631,9 @@ static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(| : bad)
   for (int64_t b = 0; b < bl.bm * bl.bn; b++) {
     dsv4_blas_serial();
-    const int64_t m0 = (b / bl.bn) * bl.mb, n0 = (b % bl.bn) * bl.nb, nb = block_cols(s, &bl, b);
-    const int64_t mb = m0 + bl.mb <= s->M ? bl.mb : s->M - m0;
-    bad |= dsv4_wg_block_sum(views, n_views, m0, mb, n0, nb, tb + dsv4_thread_id() * tper,
-                             k->acc + m0 * 2 * s->N + n0, s->N, 0, NULL, 0, 0, impl);
+    const wblock q = dsv4_wg_block(s, &bl, b);
+    bad |= dsv4_wg_block_sum(views, n_views, q.m0, q.mb, q.n0, q.nb, tb + dsv4_thread_id() * tper,
+                             k->acc + q.m0 * 2 * s->N + q.n0, s->N, 0, NULL, 0, 0, impl);
   }
   free(tb);
   free(views);

@@ -25,6 +25,17 @@ static inline int64_t extent(const dsv4_wshape *s, int64_t panel) {
 }
 
 blocking dsv4_wg_blocks(const dsv4_wshape *s);
+
+/* Block b of grid bl: its first row and column and its extent (the last ones are cut at M, N). */
+typedef struct {
+  int64_t m0, n0, mb, nb;
+} wblock;
+static inline wblock dsv4_wg_block(const dsv4_wshape *s, const blocking *bl, int64_t b) {
+  wblock k = {(b / bl->bn) * bl->mb, (b % bl->bn) * bl->nb, bl->mb, bl->nb};
+  if (k.m0 + k.mb > s->M) k.mb = s->M - k.m0;
+  if (k.n0 + k.nb > s->N) k.nb = s->N - k.n0;
+  return k;
+}
 /* Whether some row of r is padding (its A then read through the mask). */
 int dsv4_wg_run_masked(const wrun *r);
 /* Columns [c0, c0 + w) of the runs' rows (A's, padding rows as zeros, or B's) into dst [rows, w],

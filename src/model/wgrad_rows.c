@@ -233,13 +233,11 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(| : bad)
       for (int64_t j = 0; j < st.nS; j++) {
         dsv4_blas_serial();
-        const int64_t b = st.split_m ? Lb * bl.bn + j : j * bl.bn + Lb;
-        const int64_t m0 = (b / bl.bn) * bl.mb, n0 = (b % bl.bn) * bl.nb;
-        const int64_t mb = m0 + bl.mb <= s->M ? bl.mb : s->M - m0, nb = n0 + bl.nb <= s->N ? bl.nb : s->N - n0;
+        const wblock q = dsv4_wg_block(s, &bl, st.split_m ? Lb * bl.bn + j : j * bl.bn + Lb);
         const int id = dsv4_thread_id();
-        float *out = st.split_m ? line + n0 : line + m0 * w;
-        bad |= dsv4_wg_block_sum(views, v, m0, mb, n0, nb, tb + id * tper, accb ? accb + id * aper : NULL, nb, 1,
-                                 out, st.split_m ? s->N : w, 0, impl);
+        float *out = st.split_m ? line + q.n0 : line + q.m0 * w;
+        bad |= dsv4_wg_block_sum(views, v, q.m0, q.mb, q.n0, q.nb, tb + id * tper, accb ? accb + id * aper : NULL,
+                                 q.nb, 1, out, st.split_m ? s->N : w, 0, impl);
       }
     }
     line[line_max] = bad != 0; /* the flag travels with the line */
