@@ -11,7 +11,8 @@ rank-summed weight gradients included, is byte for byte the N = 1 run's, and so 
 weight products move rows instead of sums between ranks (DSV4_WGRAD_ROWS=always: the path longer
 V4-Flash products take at short lengths; these tiny shapes never would), and when a weight block's
 panel products are summed one panel at a time through exact sums in memory (DSV4_WGRAD_GROUP=1:
-what streams of more than 8 panels do) instead of in one pass."""
+what streams of more than 8 panels do) instead of in one pass, and when a recomputed backward adds
+its products chunk by chunk into double sums instead of keeping their rows (DSV4_WGRAD_KEEP=sums)."""
 import argparse
 import itertools
 import os
@@ -93,6 +94,10 @@ def matrix(build, name, base_args, configs, tmp):
     # take; the default adds a block's panels in one pass): the same bytes
     for (n, split), (threads, recompute) in zip(configs[:2], ((2, 1), (1, 0))):
         forced(n, split, threads, recompute, {"DSV4_WGRAD_GROUP": "1"}, "g1", "one panel per group")
+    # a recomputed backward's chunk-by-chunk weight products into double sums (what V4-Flash takes
+    # from about 2050 rows per rank on; these tiny shapes keep the rows): the same bytes
+    for (n, split), threads in zip(configs[:2], (2, 1)):
+        forced(n, split, threads, 1, {"DSV4_WGRAD_KEEP": "sums"}, "sums", "products into double sums")
     if one is not None:
         for (n, split), got in base.items():
             if n == 1:

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/bigmem.h"
 #include "util/err.h"
 #include "util/gemm.h"
 #include "util/par.h"
@@ -19,6 +20,8 @@
 #define BLOCK_COLS 512
 #define BLOCK_ELEMS (1 << 18)
 #define SUPER_BLOCKS 4
+/* Elements of a product sink's sums converted to xacc pairs at once at finish (16 MiB). */
+#define DSUM_MSG (1 << 20)
 /* Message tags of the partial-panel rows (two per run: its A rows, its B rows). */
 #define WGRAD_TAG 21000
 #define WGRAD_TAGS 8000
@@ -464,19 +467,26 @@ fail:
   return rc;
 }
 
-/* Elements of the whole-weight sinks a recomputed backward would need, and the floats of the rows
- * that would replace them (dq and the rotated output, n x H D each; the indexer queries' d qI, d w). */
+/* Bytes of the whole-weight product sinks a recomputed backward would need (double sums, 8 per
+ * element; a block that leaves them for xacc sums is not counted: data decide that), and of the
+ * rows that would replace them (dq and the rotated output, n x H D each; the indexer queries' d qI,
+ * d w). */
 static void keep_costs(const dsv4_config *cf, int selects, int64_t n, uint64_t *sink_bytes, uint64_t *row_bytes) {
   const uint64_t H = (uint64_t)cf->n_heads, D = (uint64_t)cf->head_dim, dq = (uint64_t)cf->q_lora_rank;
   const uint64_t G = (uint64_t)cf->o_groups, Ro = (uint64_t)cf->o_lora_rank, d = (uint64_t)cf->dim;
   const uint64_t Hi = (uint64_t)cf->index_n_heads, Di = (uint64_t)cf->index_head_dim;
   uint64_t el = G * Ro * (H / G) * D + H * D * dq, row = 2 * H * D;
   if (selects) el += Hi * Di * dq + Hi * d, row += Hi * Di + Hi;
-  *sink_bytes = el * (2 * sizeof(int64_t) + sizeof(float));
+  *sink_bytes = el * sizeof(double);
   *row_bytes = (uint64_t)(n > 0 ? n : 0) * row * sizeof(float);
 }
 
 int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n) {
+  /* DSV4_WGRAD_KEEP=rows / sums: a test's choice (its tiny shapes always keep rows; both give the
+   * same bits, which is what it checks) */
+  const char *force = getenv("DSV4_WGRAD_KEEP");
+  if (force && !strcmp(force, "rows")) return 1;
+  if (force && !strcmp(force, "sums")) return 0;
   uint64_t sinks, rows;
   keep_costs(cf, selects, n, &sinks, &rows);
   return rows <= sinks;
@@ -491,7 +501,8 @@ uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int
   const uint64_t streamed = ranks > 1 ? (uint64_t)SUPER_BLOCKS * sums * 2 : panels > DSV4_WG_GROUP ? sums * nthr : 0;
   uint64_t sinks = 0, rows = 0;
   keep_costs(cf, selects, n, &sinks, &rows);
-  const uint64_t kept = recompute ? (rows <= sinks ? rows : sinks) : 0;
+  const int keep = dsv4_wgrad_keep_rows(cf, selects, n);
+  const uint64_t kept = recompute ? (keep ? rows : sinks + (uint64_t)DSUM_MSG * 2 * sizeof(int64_t)) : 0;
   /* the products that move rows instead of sums (one at a time): the largest one's buffers */
   const int64_t H = cf->n_heads, D = cf->head_dim, G = cf->o_groups, Ro = cf->o_lora_rank, dq = cf->q_lora_rank;
   const dsv4_wshape shapes[] = {{d, G * Ro, P, T}, {D, d, P, T}, {dq, d, P, T}, {Ro, (H / G) * D, P, T},
@@ -553,9 +564,141 @@ fail:
 
 dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape *shape) {
   dsv4_status rc = DSV4_OK;
-  DSV4_TRY(dsv4_wsinks_add(s, C, shape->M * shape->N, shape->N, NULL, 0));
-  dsv4_wsinks_of(s, C)->shape = *shape;
+  if (!C || shape->M <= 0 || shape->N <= 0 || dsv4_wsinks_of(s, C)) return DSV4_OK;
+  DSV4_CHECK(s->count < DSV4_WSINKS_MAX, DSV4_ERR_STATE, "internal: too many gradient sinks");
+  const blocking bl = dsv4_wg_blocks(shape);
+  dsv4_wsink *k = &s->s[s->count];
+  memset(k, 0, sizeof *k);
+  k->out = C, k->n = shape->M * shape->N, k->w = shape->N, k->shape = *shape, k->n_blocks = bl.bm * bl.bn;
+  k->dacc = dsv4_big_zalloc(sizeof(double) * (size_t)k->n);
+  DSV4_CHECK(k->dacc, DSV4_ERR_NOMEM, "out of memory for the %lld double sums of a weight gradient", (long long)k->n);
+  DSV4_ALLOC(k->promo, k->n_blocks);
+  s->count++;
 fail:
+  if (rc != DSV4_OK && s->count < DSV4_WSINKS_MAX) {
+    dsv4_big_free(s->s[s->count].dacc, sizeof(double) * (size_t)s->s[s->count].n);
+    memset(&s->s[s->count], 0, sizeof s->s[s->count]);
+  }
+  return rc;
+}
+
+/* ---- double sums ------------------------------------------------------------------------------
+ * A recomputed backward meets a product's panels chunk by chunk, so each weight element's exact sum
+ * must live from the first chunk to the last. util/xacc.h's sums take 16 bytes per element (1.3 GB
+ * for V4-Flash's wo_a and wq_b, more than the activations recomputation saves); here a sum is one
+ * double while it stays exact: each panel's fp32 product is put on xacc's grid (2^-66: what
+ * dsv4_xacc_add1 adds) and added with TwoSum's error term as the test. Terms whose exponents lie
+ * further apart than a double's 53 bits make an add inexact; the block is then moved to xacc sums
+ * (exact up to then, so nothing is lost) for the rest of the backward. At finish the doubles become
+ * xacc sums (exactly), cross ranks and are rounded as on every other path: the same bits. */
+
+/* Row d [n] += the k terms t[q] [n], into o: 0 when every add was exact (o then holds the sums), 1
+ * when some was not (o is then meaningless). *bad: a term not finite or not below 2^24 (taken as
+ * 0, as xacc does). */
+static int drow_try(const double *restrict d, const float *const *t, int k, int64_t n, double *restrict o, int *bad) {
+  int inexact = 0, b = 0;
+  memcpy(o, d, sizeof(double) * (size_t)n);
+  for (int q = 0; q < k; q++) {
+    const float *restrict tq = t[q];
+    for (int64_t e = 0; e < n; e++) {
+      const double v = (double)tq[e];
+      const int ok = fabs(v) < 0x1p24; /* false for NaN */
+      b |= !ok;
+      const double u0 = ok ? v : 0.0;
+      /* below 2^-42 a float has bits under the grid: rounded to it (nearest even), as xacc does */
+      const double g = (u0 * 0x1p66 + DSV4_XACC_MAGIC) - DSV4_XACC_MAGIC;
+      const double u = fabs(u0) < 0x1p-42 ? g * 0x1p-66 : u0;
+      const double x = o[e], sm = x + u, bb = sm - x, err = (x - (sm - bb)) + (u - bb);
+      inexact |= err != 0.0;
+      o[e] = sm;
+    }
+  }
+  *bad |= b;
+  return inexact;
+}
+
+/* An exact double sum (a multiple of 2^-66 below 2^47) as normalised xacc hi, lo. */
+static inline void dsum_xacc(double x, int64_t *hi, int64_t *lo) {
+  const double u = x * 0x1p16, a = floor(u);
+  *hi = (int64_t)a;
+  *lo = (int64_t)((u - a) * 0x1p50);
+}
+
+/* Block q of sink k to xacc sums: [mb rows] x [2 nb] (a row's hi, then lo). NULL: out of memory. */
+static int64_t *dsum_promote(const dsv4_wsink *k, const wblock *q) {
+  int64_t *x = malloc(sizeof(int64_t) * (size_t)(q->mb * 2 * q->nb));
+  for (int64_t r = 0; x && r < q->mb; r++) {
+    const double *d = k->dacc + (q->m0 + r) * k->w + q->n0;
+    int64_t *h = x + r * 2 * q->nb;
+    for (int64_t e = 0; e < q->nb; e++) dsum_xacc(d[e], &h[e], &h[q->nb + e]);
+  }
+  return x;
+}
+
+/* Block b of product sink k += the views' panel products (groups of dsv4_wg_group()), into its
+ * doubles or, once that fails, its xacc sums. Returns bit 0: a bad term, bit 1: out of memory. */
+static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview *v, int64_t nv, float *t,
+                      dsv4_impl impl) {
+  const wblock q = dsv4_wg_block(&k->shape, bl, b);
+  const int64_t mn = q.mb * q.nb, G = dsv4_wg_group();
+  float *za = t + DSV4_WG_GROUP * mn;
+  const float *tr[DSV4_WG_GROUP];
+  double o[BLOCK_COLS];
+  int bad = 0;
+  for (int64_t g0 = 0; g0 < nv; g0 += G) {
+    const int64_t kk = nv - g0 < G ? nv - g0 : G;
+    for (int64_t j = 0; j < kk; j++) panel_product(&v[g0 + j], q.m0, q.mb, q.n0, q.nb, t + j * mn, za, impl);
+    for (int64_t r = 0; r < q.mb; r++) {
+      for (int64_t j = 0; j < kk; j++) tr[j] = t + j * mn + r * q.nb;
+      if (!k->promo[b]) {
+        double *d = k->dacc + (q.m0 + r) * k->w + q.n0;
+        if (!drow_try(d, tr, (int)kk, q.nb, o, &bad)) {
+          memcpy(d, o, sizeof(double) * (size_t)q.nb);
+          continue;
+        }
+        /* rows above r hold this group already, rows from r on do not: the xacc adds go on from r */
+        if (!(k->promo[b] = dsum_promote(k, &q))) return bad | 2;
+      }
+      int64_t *h = k->promo[b] + r * 2 * q.nb;
+      bad |= dsv4_xacc_addk_(h, h + q.nb, tr, (int)kk, q.nb, 0);
+    }
+  }
+  return bad;
+}
+
+/* Product sink k's sums, all-reduced, rounded once and added to its tensor, in messages of at most
+ * DSUM_MSG elements. Collective. */
+static dsv4_status dsum_store(dsv4_wsink *k, dsv4_comm *comm) {
+  dsv4_status rc = DSV4_OK;
+  const blocking bl = dsv4_wg_blocks(&k->shape);
+  const int64_t w = k->w, rows = k->n / w, step = DSUM_MSG / w > 1 ? DSUM_MSG / w : 1;
+  int64_t *x = NULL;
+  DSV4_ALLOC(x, (step < rows ? step : rows) * 2 * w);
+  for (int64_t r0 = 0; r0 < rows; r0 += step) {
+    const int64_t nr = rows - r0 < step ? rows - r0 : step;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < nr; r++) {
+      const int64_t gr = r0 + r, bi = gr / bl.mb;
+      int64_t *h = x + r * 2 * w;
+      for (int64_t j = 0; j < bl.bn; j++) {
+        const wblock q = dsv4_wg_block(&k->shape, &bl, bi * bl.bn + j);
+        const int64_t *p = k->promo[bi * bl.bn + j];
+        for (int64_t e = 0; e < q.nb; e++) {
+          if (p) h[q.n0 + e] = p[(gr - q.m0) * 2 * q.nb + e], h[w + q.n0 + e] = p[(gr - q.m0) * 2 * q.nb + q.nb + e];
+          else dsum_xacc(k->dacc[gr * w + q.n0 + e], &h[q.n0 + e], &h[w + q.n0 + e]);
+        }
+      }
+    }
+    DSV4_TRY(allreduce_i64(comm, x, (size_t)(nr * 2 * w)));
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < nr; r++) {
+      int64_t *h = x + r * 2 * w;
+      dsv4_xacc_normalize(h, h + w, w);
+      dsv4_xacc_store(k->out + (r0 + r) * w, h, h + w, w, 1);
+    }
+  }
+fail:
+  free(x);
   return rc;
 }
 
@@ -569,7 +712,7 @@ static int add_elem(dsv4_wsink *k, int64_t e, float t) {
 dsv4_status dsv4_wsinks_terms(dsv4_wsinks *s, const float *out, const float *t, int64_t n) {
   dsv4_status rc = DSV4_OK;
   dsv4_wsink *k = dsv4_wsinks_of(s, out);
-  DSV4_CHECK(k && n <= k->n, DSV4_ERR_STATE, "internal: gradient terms for an unregistered tensor");
+  DSV4_CHECK(k && !k->dacc && n <= k->n, DSV4_ERR_STATE, "internal: gradient terms for an unregistered tensor");
   int bad = 0;
   for (int64_t e = 0; e < n; e++) bad |= add_elem(k, e, t[e]);
   s->bad |= bad;
@@ -579,6 +722,7 @@ fail:
 
 dsv4_status dsv4_wsinks_settle(dsv4_wsinks *s, dsv4_wsink *k) {
   int bad = 0;
+  if (k->dacc) return DSV4_OK; /* a product sink's tensor is not added to before finish */
   for (int64_t e = 0; e < k->n; e++)
     if (k->out[e] != 0.0f) bad |= add_elem(k, e, k->out[e]), k->out[e] = 0.0f;
   s->bad |= bad;
@@ -610,7 +754,7 @@ fail:
   return rc;
 }
 
-/* Runs (full ones, and assembled panels) into the whole accumulator of product sink k. */
+/* Runs (full ones, and assembled panels) into the sums of product sink k (dsum_block). */
 static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel *pan, int64_t n_pan,
                    dsv4_impl impl, dsv4_status *rc) {
   const dsv4_wshape *s = &k->shape;
@@ -622,22 +766,24 @@ static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel
   int bad = 0;
   *rc = views_of(s, runs, n_runs, pan, n_pan, &views, &n_views);
   if (*rc != DSV4_OK) return 0;
-  float *tb = malloc(sizeof(float) * (size_t)(tper * nt));
-  if (!tb) {
-    *rc = dsv4__err(DSV4_ERR_NOMEM, __FILE__, __LINE__, "out of memory for a weight-gradient block");
+  /* the per-thread products in the backward's kept scratch: a fresh buffer per call (one per chunk
+   * and product) had the kernel clear ~10 MB of pages per thread each time (7% of a recomputed
+   * SWA backward at 2048 tokens) */
+  float *tb = NULL;
+  int64_t *unused = NULL;
+  *rc = scratch(0, tper * nt, &unused, &tb);
+  if (*rc != DSV4_OK) {
     free(views);
     return 0;
   }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(| : bad)
   for (int64_t b = 0; b < bl.bm * bl.bn; b++) {
     dsv4_blas_serial();
-    const wblock q = dsv4_wg_block(s, &bl, b);
-    bad |= dsv4_wg_block_sum(views, n_views, q.m0, q.mb, q.n0, q.nb, tb + dsv4_thread_id() * tper,
-                             k->acc + q.m0 * 2 * s->N + q.n0, s->N, 0, NULL, 0, 0, impl);
+    bad |= dsum_block(k, &bl, b, views, n_views, tb + dsv4_thread_id() * tper, impl);
   }
-  free(tb);
   free(views);
-  return bad;
+  if (bad & 2) *rc = dsv4__err(DSV4_ERR_NOMEM, __FILE__, __LINE__, "out of memory for a weight-gradient block's sums");
+  return bad & 1;
 }
 
 dsv4_status dsv4_wsinks_product(dsv4_wsinks *s, float *C, const dsv4_wpiece *pc) {
@@ -675,6 +821,9 @@ fail:
 
 static void sink_free(dsv4_wsink *k) {
   if (!k->external) free(k->acc);
+  for (int64_t b = 0; k->promo && b < k->n_blocks; b++) free(k->promo[b]);
+  free(k->promo);
+  dsv4_big_free(k->dacc, sizeof(double) * (size_t)k->n);
   free(k->g0);
   free(k->sa);
   free(k->sb);
@@ -710,18 +859,12 @@ dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_comm *comm) {
   dsv4_status rc = DSV4_OK;
   int64_t *vec = NULL, nv = 0;
   if (active_sinks == s) active_sinks = NULL;
-  /* product sinks (recomputation): their kept rows, then their sums in messages of <= 4096 rows */
+  /* product sinks (recomputation): their kept rows first; their sums are stored once every rank's
+   * terms are known to be good (below), so that a bad term leaves every tensor as it was */
   for (int i = 0; i < s->count; i++) {
     dsv4_wsink *k = &s->s[i];
     DSV4_TRY(dsv4_wsinks_settle(s, k)); /* local ones' sums outlive this set when external */
-    if (k->local || k->shape.M == 0) continue;
-    DSV4_TRY(finish_partials(s, k, comm));
-    const int64_t rows = k->n / k->w;
-    for (int64_t r0 = 0; r0 < rows; r0 += 4096) {
-      const int64_t nr = rows - r0 < 4096 ? rows - r0 : 4096;
-      DSV4_TRY(allreduce_i64(comm, k->acc + r0 * 2 * k->w, (size_t)(nr * 2 * k->w)));
-    }
-    store_sink(k);
+    if (k->dacc) DSV4_TRY(finish_partials(s, k, comm));
   }
   /* the vector sinks in one message, with the ranks' bad-term flags */
   for (int i = 0; i < s->count; i++)
@@ -735,6 +878,8 @@ dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_comm *comm) {
   DSV4_TRY(allreduce_i64(comm, vec, (size_t)(nv + 1)));
   DSV4_CHECK(!vec[nv], DSV4_ERR_ARG, "%s: a gradient term is not finite or not below 2^24 (the exact sums' range)",
              s->what);
+  for (int i = 0; i < s->count; i++)
+    if (s->s[i].dacc) DSV4_TRY(dsum_store(&s->s[i], comm));
   at = 0;
   for (int i = 0; i < s->count; i++)
     if (!s->s[i].local && s->s[i].shape.M == 0) {
@@ -754,7 +899,7 @@ int dsv4_xrows_redirect(const float *out, const int64_t *x, int64_t rows, int64_
   dsv4_wsinks *s = active_sinks;
   for (int i = 0; s && i < s->count; i++) {
     dsv4_wsink *k = &s->s[i];
-    if (!(out >= k->out && out + rows * w <= k->out + k->n)) continue;
+    if (k->dacc || !(out >= k->out && out + rows * w <= k->out + k->n)) continue;
     const int64_t off = out - k->out;
     for (int64_t r = 0; r < rows; r++)
       for (int64_t e = 0; e < w; e++) {

@@ -18,8 +18,8 @@
  *                      sums all-reduced and rounded at once; memory: a few blocks.
  *   dsv4_wsinks        sums that grow over calls (a recomputed backward's per-chunk products, the
  *                      vector gradients every operator adds into): one exact accumulator per
- *                      registered gradient tensor (16 bytes per element), all-reduced and rounded
- *                      by dsv4_wsinks_finish. While sinks are active, an operator's exact row sums
+ *                      registered gradient tensor (16 bytes per element; a product's: doubles
+ *                      while exact, 8), all-reduced and rounded by dsv4_wsinks_finish. While sinks are active, an operator's exact row sums
  *                      (util/xrows.h dsv4_xrows_finish) into a registered tensor land in its
  *                      accumulator instead of being rounded. */
 #ifndef DSV4_WGRAD_H
@@ -55,9 +55,10 @@ dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *s, const dsv4_w
 
 /* A recomputed backward (no q, o kept) of n local rows keeps the rows of its chunk-by-chunk weight
  * products (dq, the rotated output, the indexer queries' gradients: n x (2 H D + ...) floats) for
- * products at the end when they take no more memory than whole-weight sinks (16 bytes of sums and
- * a 4-byte copy per element of wo_a, wq_b and the indexer's query projections); else sinks. n is
- * the same on every rank, so every rank makes the same choice (the collectives follow it). */
+ * products at the end when they take no more memory than whole-weight sinks (a double per element
+ * of wo_a, wq_b and the indexer's query projections); else sinks. n is the same on every rank, so
+ * every rank makes the same choice (the collectives follow it). DSV4_WGRAD_KEEP=rows / sums in the
+ * environment forces one (tests: both give the same bits). */
 int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n);
 /* Bytes the weight-gradient sums and rows hold at most during one backward of n local rows of T on
  * `ranks` ranks, for the planner (the choice above with recomputation, the streamed products'
@@ -76,6 +77,9 @@ typedef struct {
   int external;      /* acc belongs to the caller (shared across layer calls): not freed */
   int local;         /* an intermediate sum: not all-reduced, not stored (its user reads acc) */
   dsv4_wshape shape; /* product sinks (M > 0): rows of partial panels kept for finish */
+  double *dacc;      /* product sinks: [M, N] exact sums as doubles (wgrad.c "double sums"; acc NULL) */
+  int64_t **promo;   /* per C block: NULL, or its xacc rows once a double add was not exact */
+  int64_t n_blocks;
   float *sa, *sb;
   int64_t *sg;
   uint8_t *sk;
@@ -94,7 +98,9 @@ void dsv4_wsinks_begin(dsv4_wsinks *s, dsv4_impl impl, const char *what);
 /* Registers tensor out [n] with accumulator rows of width w (external: the caller's zeroed
  * accumulator, local: see above). A tensor registered twice is one sink. */
 dsv4_status dsv4_wsinks_add(dsv4_wsinks *s, float *out, int64_t n, int64_t w, int64_t *external, int local);
-/* A product sink: C [M, N] (registered as a tensor of M N elements, row width N). */
+/* A product sink: C [M, N] (row width N), whose exact sums are doubles while they stay exact (8
+ * bytes per element; a block that needs more moves to xacc sums). C is left as it is until finish
+ * adds the rounded sum (no copy of its value is kept); only dsv4_wsinks_product adds to it. */
 dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape *shape);
 /* The sink of out (NULL: none). */
 dsv4_wsink *dsv4_wsinks_of(dsv4_wsinks *s, const float *out);

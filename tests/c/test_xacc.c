@@ -268,6 +268,70 @@ static void wgrad_panels(void) {
   free(glob);
 }
 
+/* A recomputed backward's product sinks hold doubles while they are exact and move a block to xacc
+ * sums once an add is not (model/wgrad.c "double sums"). Against the whole product (xacc sums all
+ * the way), chunk by chunk on 2 threads: a panel scaled by 2^-40 against the others in the first
+ * block column (a double cannot hold the sum: that block moves), by 2^-10 in the second (exact in
+ * a double: it stays), every term near 2^-57 (below xacc's grid's 24 bits: rounded to it as xacc
+ * does), and chunks that cut panels. Every case: the same bits. */
+static void wgrad_double_sums(void) {
+  const int64_t T = 1300, P = 512, M = 40, N = 900;
+  static const struct {
+    float scale0, scale1, scale2; /* of B's rows in panel 1, for the columns below 512 / from 512 */
+    const char *what;
+  } cases[] = {{0x1p-40f, 0x1p-10f, 1.0f, "2^-40 in the first block column (moves to xacc), 2^-10 in the second"},
+               {0x1p-60f, 0x1p-60f, 0x1p-60f, "every panel at 2^-60: terms below the 2^-66 grid's 24 bits"},
+               {1.0f, 1.0f, 1.0f, "one scale"}};
+  int64_t *glob = malloc(sizeof(int64_t) * T);
+  for (int64_t i = 0; i < T; i++) glob[i] = i;
+  float *A = malloc(sizeof(float) * T * M), *B = malloc(sizeof(float) * T * N);
+  float *C0 = malloc(sizeof(float) * M * N), *C1 = malloc(sizeof(float) * M * N);
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    tu_fill(A, T * M, 11 + c, 1.0f);
+    tu_fill(B, T * N, 12 + c, 1.0f);
+    for (int64_t i = 0; i < T; i++)
+      for (int64_t e = 0; e < N; e++) {
+        const int64_t p = i / P;
+        if (c == 1) B[i * N + e] *= cases[c].scale0;
+        else if (p == 1) B[i * N + e] *= e < 512 ? cases[c].scale0 : cases[c].scale1;
+      }
+    tu_fill(C0, M * N, 13, 1.0f); /* the tensor's value before: finish adds the sum to it */
+    memcpy(C1, C0, sizeof(float) * M * N);
+    const dsv4_wshape sh = {M, N, P, T};
+    int old = dsv4_threads_enter(1);
+    const dsv4_wpiece whole = {.n = T, .A = A, .B = B, .lda = M, .ldb = N, .glob = glob};
+    tu_ok(dsv4_wgrad_exact(NULL, &sh, &whole, 1, C0, DSV4_IMPL_FAST, "test"), "wgrad whole");
+    dsv4_threads_leave(old);
+    old = dsv4_threads_enter(2);
+    static const int64_t cut[] = {0, 512, 700, 1024, 1300}; /* a whole panel, then pieces of panel 1 */
+    dsv4_wsinks ks;
+    dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "test");
+    tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
+    for (int k = 0; k < 4; k++) {
+      const dsv4_wpiece pc = {.n = cut[k + 1] - cut[k], .A = A + cut[k] * M, .B = B + cut[k] * N, .lda = M, .ldb = N,
+                              .glob = glob + cut[k]};
+      tu_ok(dsv4_wsinks_product(&ks, C1, &pc), "sink chunk");
+    }
+    tu_ok(dsv4_wsinks_finish(&ks, NULL), "sink finish");
+    dsv4_threads_leave(old);
+    tu_check(!memcmp(C0, C1, sizeof(float) * (size_t)(M * N)), "double sums, %s: the bits of the xacc sums",
+             cases[c].what);
+  }
+  /* a bad term leaves the tensor as it was and names the set */
+  A[3 * M] = INFINITY;
+  memcpy(C1, C0, sizeof(float) * M * N);
+  const dsv4_wshape sh = {M, N, P, T};
+  const dsv4_wpiece whole = {.n = T, .A = A, .B = B, .lda = M, .ldb = N, .glob = glob};
+  dsv4_wsinks ks;
+  dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "wq_b sinks");
+  tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
+  tu_ok(dsv4_wsinks_product(&ks, C1, &whole), "sink rows");
+  tu_check(dsv4_wsinks_finish(&ks, NULL) == DSV4_ERR_ARG && strstr(dsv4_last_error(), "wq_b sinks") &&
+               !memcmp(C0, C1, sizeof(float) * (size_t)(M * N)),
+           "double sums: a non-finite term is an error naming the set, the tensor untouched (%s)", dsv4_last_error());
+  free(A), free(B), free(C0), free(C1), free(glob);
+}
+
 static const tu_test TESTS[] = {
   {"xacc", "order-independent", order_independent},
   {"xacc", "vector-is-scalar", vector_is_scalar},
@@ -276,6 +340,7 @@ static const tu_test TESTS[] = {
   {"xacc", "rows-any-threads", rows_any_threads},
   {"backward", "rows-nn-panels", rows_nn_panels},
   {"backward", "wgrad-panels", wgrad_panels},
+  {"backward", "wgrad-double-sums", wgrad_double_sums},
 };
 
 int main(int argc, char **argv) { return tu_run(argc, argv, TESTS, (int)(sizeof TESTS / sizeof TESTS[0])); }
