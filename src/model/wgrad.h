@@ -79,6 +79,7 @@ typedef struct {
   dsv4_wshape shape; /* product sinks (M > 0): rows of partial panels kept for finish */
   double *dacc;      /* product sinks: [M, N] exact sums as doubles (wgrad.c "double sums"; acc NULL) */
   int64_t **promo;   /* per C block: NULL, or its xacc rows once a double add was not exact */
+  uint8_t *dused;    /* per C block: its doubles were written (else they are zero, unread) */
   int64_t n_blocks;
   float *sa, *sb;
   int64_t *sg;
