@@ -774,8 +774,7 @@ static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel
   *rc = views_of(s, runs, n_runs, pan, n_pan, &views, &n_views);
   if (*rc != DSV4_OK) return 0;
   /* the per-thread products in the backward's kept scratch: a fresh buffer per call (one per chunk
-   * and product) had the kernel clear ~10 MB of pages per thread each time (7% of a recomputed
-   * SWA backward at 2048 tokens) */
+   * and product) was faulted in and cleared by the kernel each time, ~10 MB per thread */
   float *tb = NULL;
   int64_t *unused = NULL;
   *rc = scratch(0, tper * nt, &unused, &tb);
