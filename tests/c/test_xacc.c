@@ -273,14 +273,17 @@ static void wgrad_panels(void) {
  * the way), chunk by chunk on 2 threads: a panel scaled by 2^-40 against the others in the first
  * block column (a double cannot hold the sum: that block moves), by 2^-10 in the second (exact in
  * a double: it stays), every term near 2^-57 (below xacc's grid's 24 bits: rounded to it as xacc
- * does), and chunks that cut panels. Every case: the same bits. */
+ * does), and chunks that cut panels. Every case: the same bits. Random terms rarely tell an
+ * inexact double from an exact sum once rounded to a float, so one element is built where they
+ * differ (a double without the exactness test fails it). */
 static void wgrad_double_sums(void) {
   const int64_t T = 1300, P = 512, M = 40, N = 900;
   static const struct {
-    float scale0, scale1, scale2; /* of B's rows in panel 1, for the columns below 512 / from 512 */
+    float every;      /* of every row of B */
+    float cols, rest; /* then of panel 1's rows of B: columns below 512 (the first block column), the rest */
     const char *what;
-  } cases[] = {{0x1p-40f, 0x1p-10f, 1.0f, "2^-40 in the first block column (moves to xacc), 2^-10 in the second"},
-               {0x1p-60f, 0x1p-60f, 0x1p-60f, "every panel at 2^-60: terms below the 2^-66 grid's 24 bits"},
+  } cases[] = {{1.0f, 0x1p-40f, 0x1p-10f, "2^-40 in the first block column (moves to xacc), 2^-10 in the second"},
+               {0x1p-60f, 1.0f, 1.0f, "every panel at 2^-60: terms below the 2^-66 grid's 24 bits"},
                {1.0f, 1.0f, 1.0f, "one scale"}};
   int64_t *glob = malloc(sizeof(int64_t) * T);
   for (int64_t i = 0; i < T; i++) glob[i] = i;
@@ -290,11 +293,8 @@ static void wgrad_double_sums(void) {
     tu_fill(A, T * M, 11 + c, 1.0f);
     tu_fill(B, T * N, 12 + c, 1.0f);
     for (int64_t i = 0; i < T; i++)
-      for (int64_t e = 0; e < N; e++) {
-        const int64_t p = i / P;
-        if (c == 1) B[i * N + e] *= cases[c].scale0;
-        else if (p == 1) B[i * N + e] *= e < 512 ? cases[c].scale0 : cases[c].scale1;
-      }
+      for (int64_t e = 0; e < N; e++)
+        B[i * N + e] *= cases[c].every * (i / P != 1 ? 1.0f : e < 512 ? cases[c].cols : cases[c].rest);
     tu_fill(C0, M * N, 13, 1.0f); /* the tensor's value before: finish adds the sum to it */
     memcpy(C1, C0, sizeof(float) * M * N);
     const dsv4_wshape sh = {M, N, P, T};
@@ -316,6 +316,36 @@ static void wgrad_double_sums(void) {
     dsv4_threads_leave(old);
     tu_check(!memcmp(C0, C1, sizeof(float) * (size_t)(M * N)), "double sums, %s: the bits of the xacc sums",
              cases[c].what);
+  }
+  /* a sum whose order a double would change decides the rounding: 1, 2^-53, 2^-53, 2^-24, one
+   * term per panel in element (0, 0) (4 panels of 512). Exactly 1 + 2^-24 + 2^-52: 1 + 2^-23 as a
+   * float (above the tie); a double summed in panel order without the exactness test loses both
+   * 2^-53 (ties to even) and gives 1 + 2^-24, a tie: 1 */
+  {
+    enum { T4 = 2048, M4 = 8, N4 = 8 };
+    float *A4 = calloc(T4 * M4, sizeof(float)), *B4 = calloc(T4 * N4, sizeof(float));
+    float c4[2][M4 * N4] = {{0}};
+    int64_t g4[T4];
+    for (int64_t i = 0; i < T4; i++) g4[i] = i;
+    static const int64_t row[4] = {0, 600, 1100, 1600};
+    static const float term[4] = {1.0f, 0x1p-53f, 0x1p-53f, 0x1p-24f};
+    for (int j = 0; j < 4; j++) A4[row[j] * M4] = 1.0f, B4[row[j] * N4] = term[j];
+    const dsv4_wshape sh = {M4, N4, P, T4};
+    const dsv4_wpiece whole = {.n = T4, .A = A4, .B = B4, .lda = M4, .ldb = N4, .glob = g4};
+    tu_ok(dsv4_wgrad_exact(NULL, &sh, &whole, 1, c4[0], DSV4_IMPL_FAST, "test"), "wgrad whole");
+    dsv4_wsinks ks;
+    dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "test");
+    tu_ok(dsv4_wsinks_add_product(&ks, c4[1], &sh), "sink");
+    for (int k = 0; k < 4; k++) { /* chunk by chunk, one panel each, as a recomputed backward */
+      const dsv4_wpiece pc = {.n = P, .A = A4 + k * P * M4, .B = B4 + k * P * N4, .lda = M4, .ldb = N4,
+                              .glob = g4 + k * P};
+      tu_ok(dsv4_wsinks_product(&ks, c4[1], &pc), "sink chunk");
+    }
+    tu_ok(dsv4_wsinks_finish(&ks, NULL), "sink finish");
+    tu_check(c4[0][0] == 1.0f + 0x1p-23f && c4[1][0] == c4[0][0],
+             "double sums: 1 + 2^-53 + 2^-53 + 2^-24 over 4 chunks is the exact sums' 1 + 2^-23 (got 1 + %g, 1 + %g ulp)",
+             (double)((c4[0][0] - 1.0f) / 0x1p-23f), (double)((c4[1][0] - 1.0f) / 0x1p-23f));
+    free(A4), free(B4);
   }
   /* a bad term leaves the tensor as it was and names the set */
   A[3 * M] = INFINITY;
