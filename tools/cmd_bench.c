@@ -125,6 +125,9 @@ static int measure(cli_ctx *c, job *j, dsv4_layer **l, int reps, int warmup, siz
     double gemm = r >= 0 ? sgemm_rate(c, sgemm_n, 2) : 0; /* this moment's rate, all ranks together */
     MPI_Allreduce(MPI_IN_PLACE, &gemm, 1, MPI_DOUBLE, MPI_SUM, c->comm);
     dsv4_shared_reset(sh);
+    /* each run a training step's: fresh gradients, as `train` and the PyTorch binding give (a zero
+     * tensor also holds a recomputed backward's weight sums in part: model/wgrad.c) */
+    for (int i = 0; i < nl; i++) dsv4_weights_zero(g[i]);
     MPI_Barrier(c->comm);
     const double t0 = MPI_Wtime();
     for (int i = 0; i < nl && ok; i++) {

@@ -466,8 +466,10 @@ fail:
   return rc;
 }
 
-/* Bytes of the whole-weight product sinks a recomputed backward would need (double sums, 8 per
- * element; a block that leaves them for xacc sums is not counted: data decide that), and of the
+/* Bytes of the whole-weight product sinks a recomputed backward would need (double sums: 4 per
+ * element beside the zero tensor that holds their high halves, as a fresh backward's; 8 beside a
+ * tensor that accumulates, and a block that leaves them for xacc sums, are not counted: the caller
+ * and the data decide those), and of the
  * rows that would replace them (dq and the rotated output, n x H D each; the indexer queries' d qI,
  * d w). */
 static void keep_costs(const dsv4_config *cf, int selects, int64_t n, uint64_t *sink_bytes, uint64_t *row_bytes) {
@@ -476,7 +478,7 @@ static void keep_costs(const dsv4_config *cf, int selects, int64_t n, uint64_t *
   const uint64_t Hi = (uint64_t)cf->index_n_heads, Di = (uint64_t)cf->index_head_dim;
   uint64_t el = G * Ro * (H / G) * D + H * D * dq, row = 2 * H * D;
   if (selects) el += Hi * Di * dq + Hi * d, row += Hi * Di + Hi;
-  *sink_bytes = el * sizeof(double);
+  *sink_bytes = el * sizeof(uint32_t);
   *row_bytes = (uint64_t)(n > 0 ? n : 0) * row * sizeof(float);
 }
 
@@ -569,14 +571,22 @@ dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape 
   dsv4_wsink *k = &s->s[s->count];
   memset(k, 0, sizeof *k);
   k->out = C, k->n = shape->M * shape->N, k->w = shape->N, k->shape = *shape, k->n_blocks = bl.bm * bl.bn;
-  DSV4_ALLOC(k->dacc, k->n); /* zero pages until a block's first add writes them (dsum_block) */
+  DSV4_ALLOC(k->dlo, k->n); /* zero pages until a block's first add writes them (dsum_block) */
   DSV4_ALLOC(k->promo, k->n_blocks);
   DSV4_ALLOC(k->dused, k->n_blocks);
+  /* a fresh backward's tensor is zeros: its floats hold the doubles' high halves until finish */
+  const dsv4_u32a *c = (const dsv4_u32a *)C;
+  uint32_t any = 0;
+  for (int64_t e = 0; e < k->n; e++) any |= c[e];
+  k->dhi_own = any != 0;
+  if (k->dhi_own) DSV4_ALLOC(k->dhi, k->n);
+  else k->dhi = (dsv4_u32a *)C;
   s->count++;
 fail:
   if (rc != DSV4_OK && s->count < DSV4_WSINKS_MAX) {
-    free(s->s[s->count].dacc);
+    free(s->s[s->count].dlo);
     free(s->s[s->count].promo);
+    free(s->s[s->count].dused);
     memset(&s->s[s->count], 0, sizeof s->s[s->count]);
   }
   return rc;
@@ -586,20 +596,35 @@ fail:
  * A recomputed backward meets a product's panels chunk by chunk, so each weight element's exact sum
  * must live from the first chunk to the last. util/xacc.h's sums take 16 bytes per element (1.3 GB
  * for V4-Flash's wo_a and wq_b, more than the activations recomputation saves); here a sum is one
- * double while it stays exact: each panel's fp32 product is put on xacc's grid (2^-66: what
+ * double while it stays exact, stored as two 32-bit halves so that the high ones can live in the
+ * gradient tensor itself while it is zero (a fresh backward's: 4 bytes per element more, not 8): each panel's fp32 product is put on xacc's grid (2^-66: what
  * dsv4_xacc_add1 adds) and added with TwoSum's error term as the test. Terms whose exponents lie
  * further apart than a double's 53 bits make an add inexact; the block is then moved to xacc sums
  * (exact up to then, so nothing is lost) for the rest of the backward. At finish the doubles become
  * xacc sums (exactly), cross ranks and are rounded as on every other path: the same bits. */
 
-/* Row d [n] += the k terms t[q] [n], into o: 0 when every add was exact (o then holds the sums), 1
- * when some was not (o is then meaningless). fresh: d is zero and is not read. *bad: a term not
- * finite or not below 2^24 (taken as 0, as xacc does). */
-static int drow_try(const double *restrict d, int fresh, const float *const *t, int k, int64_t n, double *restrict o,
-                    int *bad) {
+/* Double e of product sink k, read and written. */
+static inline double dget(const dsv4_wsink *k, int64_t e) {
+  const uint64_t b = (uint64_t)k->dhi[e] << 32 | k->dlo[e];
+  double x;
+  memcpy(&x, &b, sizeof x);
+  return x;
+}
+
+static inline void dput(dsv4_wsink *k, int64_t e, double x) {
+  uint64_t b;
+  memcpy(&b, &x, sizeof b);
+  k->dhi[e] = (uint32_t)(b >> 32);
+  k->dlo[e] = (uint32_t)b;
+}
+
+/* Sink k's doubles [at, at + n) += the k terms t[q] [n], into o: 0 when every add was exact (o then
+ * holds the sums), 1 when some was not (o is then meaningless). fresh: the doubles are zero and are
+ * not read. *bad: a term not finite or not below 2^24 (taken as 0, as xacc does). */
+static int drow_try(const dsv4_wsink *ks, int64_t at, int fresh, const float *const *t, int k, int64_t n,
+                    double *restrict o, int *bad) {
   int inexact = 0, b = 0;
-  if (fresh) memset(o, 0, sizeof(double) * (size_t)n);
-  else memcpy(o, d, sizeof(double) * (size_t)n);
+  for (int64_t e = 0; e < n; e++) o[e] = fresh ? 0.0 : dget(ks, at + e);
   for (int q = 0; q < k; q++) {
     const float *restrict tq = t[q];
     for (int64_t e = 0; e < n; e++) {
@@ -630,9 +655,9 @@ static inline void dsum_xacc(double x, int64_t *hi, int64_t *lo) {
 static int64_t *dsum_promote(const dsv4_wsink *k, const wblock *q) {
   int64_t *x = malloc(sizeof(int64_t) * (size_t)(q->mb * 2 * q->nb));
   for (int64_t r = 0; x && r < q->mb; r++) {
-    const double *d = k->dacc + (q->m0 + r) * k->w + q->n0;
+    const int64_t at = (q->m0 + r) * k->w + q->n0;
     int64_t *h = x + r * 2 * q->nb;
-    for (int64_t e = 0; e < q->nb; e++) dsum_xacc(d[e], &h[e], &h[q->nb + e]);
+    for (int64_t e = 0; e < q->nb; e++) dsum_xacc(dget(k, at + e), &h[e], &h[q->nb + e]);
   }
   return x;
 }
@@ -658,9 +683,9 @@ static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview 
     for (int64_t r = 0; r < q.mb; r++) {
       for (int64_t j = 0; j < kk; j++) tr[j] = t + j * mn + r * q.nb;
       if (!k->promo[b]) {
-        double *d = k->dacc + (q.m0 + r) * k->w + q.n0;
-        if (!drow_try(d, fresh && g0 == 0, tr, (int)kk, q.nb, o, &bad)) {
-          memcpy(d, o, sizeof(double) * (size_t)q.nb);
+        const int64_t at = (q.m0 + r) * k->w + q.n0;
+        if (!drow_try(k, at, fresh && g0 == 0, tr, (int)kk, q.nb, o, &bad)) {
+          for (int64_t e = 0; e < q.nb; e++) dput(k, at + e, o[e]);
           continue;
         }
         /* rows above r hold this group already, rows from r on do not: the xacc adds go on from r */
@@ -673,7 +698,7 @@ static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview 
   return bad;
 }
 
-/* Product sink k's sums, all-reduced, rounded once and added to its tensor, in messages of at most
+/* Product sink k's sums, all-reduced, rounded once and added to its tensor (its registered value), in messages of at most
  * DSUM_MSG elements. Collective. */
 static dsv4_status dsum_store(dsv4_wsink *k, dsv4_comm *comm) {
   dsv4_status rc = DSV4_OK;
@@ -692,10 +717,12 @@ static dsv4_status dsum_store(dsv4_wsink *k, dsv4_comm *comm) {
         const int64_t *p = k->promo[bi * bl.bn + j];
         for (int64_t e = 0; e < q.nb; e++) {
           if (p) h[q.n0 + e] = p[(gr - q.m0) * 2 * q.nb + e], h[w + q.n0 + e] = p[(gr - q.m0) * 2 * q.nb + q.nb + e];
-          else dsum_xacc(k->dacc[gr * w + q.n0 + e], &h[q.n0 + e], &h[w + q.n0 + e]);
+          else dsum_xacc(dget(k, gr * w + q.n0 + e), &h[q.n0 + e], &h[w + q.n0 + e]);
         }
       }
     }
+    /* rows whose tensor held high halves are read: zero again, the value they were registered with */
+    if (!k->dhi_own) memset(k->out + r0 * w, 0, sizeof(float) * (size_t)(nr * w));
     DSV4_TRY(allreduce_i64(comm, x, (size_t)(nr * 2 * w)));
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; r++) {
@@ -719,7 +746,7 @@ static int add_elem(dsv4_wsink *k, int64_t e, float t) {
 dsv4_status dsv4_wsinks_terms(dsv4_wsinks *s, const float *out, const float *t, int64_t n) {
   dsv4_status rc = DSV4_OK;
   dsv4_wsink *k = dsv4_wsinks_of(s, out);
-  DSV4_CHECK(k && !k->dacc && n <= k->n, DSV4_ERR_STATE, "internal: gradient terms for an unregistered tensor");
+  DSV4_CHECK(k && !k->dlo && n <= k->n, DSV4_ERR_STATE, "internal: gradient terms for an unregistered tensor");
   int bad = 0;
   for (int64_t e = 0; e < n; e++) bad |= add_elem(k, e, t[e]);
   s->bad |= bad;
@@ -729,7 +756,7 @@ fail:
 
 dsv4_status dsv4_wsinks_settle(dsv4_wsinks *s, dsv4_wsink *k) {
   int bad = 0;
-  if (k->dacc) return DSV4_OK; /* a product sink's tensor is not added to before finish */
+  if (k->dlo) return DSV4_OK; /* a product sink's tensor is not added to before finish */
   for (int64_t e = 0; e < k->n; e++)
     if (k->out[e] != 0.0f) bad |= add_elem(k, e, k->out[e]), k->out[e] = 0.0f;
   s->bad |= bad;
@@ -830,7 +857,8 @@ static void sink_free(dsv4_wsink *k) {
   for (int64_t b = 0; k->promo && b < k->n_blocks; b++) free(k->promo[b]);
   free(k->promo);
   free(k->dused);
-  free(k->dacc);
+  free(k->dlo);
+  if (k->dhi_own) free(k->dhi);
   free(k->g0);
   free(k->sa);
   free(k->sb);
@@ -845,6 +873,7 @@ static void release(dsv4_wsinks *s, int restore) {
   scratch_release();
   for (int i = 0; i < s->count; i++) {
     if (restore && s->s[i].g0) memcpy(s->s[i].out, s->s[i].g0, sizeof(float) * (size_t)s->s[i].n);
+    if (restore && s->s[i].dlo && !s->s[i].dhi_own) memset(s->s[i].out, 0, sizeof(float) * (size_t)s->s[i].n);
     sink_free(&s->s[i]);
   }
   s->count = 0;
@@ -871,7 +900,7 @@ dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_comm *comm) {
   for (int i = 0; i < s->count; i++) {
     dsv4_wsink *k = &s->s[i];
     DSV4_TRY(dsv4_wsinks_settle(s, k)); /* local ones' sums outlive this set when external */
-    if (k->dacc) DSV4_TRY(finish_partials(s, k, comm));
+    if (k->dlo) DSV4_TRY(finish_partials(s, k, comm));
   }
   /* the vector sinks in one message, with the ranks' bad-term flags */
   for (int i = 0; i < s->count; i++)
@@ -886,7 +915,7 @@ dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_comm *comm) {
   DSV4_CHECK(!vec[nv], DSV4_ERR_ARG, "%s: a gradient term is not finite or not below 2^24 (the exact sums' range)",
              s->what);
   for (int i = 0; i < s->count; i++)
-    if (s->s[i].dacc) DSV4_TRY(dsum_store(&s->s[i], comm));
+    if (s->s[i].dlo) DSV4_TRY(dsum_store(&s->s[i], comm));
   at = 0;
   for (int i = 0; i < s->count; i++)
     if (!s->s[i].local && s->s[i].shape.M == 0) {
@@ -906,7 +935,7 @@ int dsv4_xrows_redirect(const float *out, const int64_t *x, int64_t rows, int64_
   dsv4_wsinks *s = active_sinks;
   for (int i = 0; s && i < s->count; i++) {
     dsv4_wsink *k = &s->s[i];
-    if (k->dacc || !(out >= k->out && out + rows * w <= k->out + k->n)) continue;
+    if (k->dlo || !(out >= k->out && out + rows * w <= k->out + k->n)) continue;
     const int64_t off = out - k->out;
     for (int64_t r = 0; r < rows; r++)
       for (int64_t e = 0; e < w; e++) {

@@ -56,8 +56,9 @@ dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *s, const dsv4_w
 
 /* A recomputed backward (no q, o kept) of n local rows keeps the rows of its chunk-by-chunk weight
  * products (dq, the rotated output, the indexer queries' gradients: n x (2 H D + ...) floats) for
- * products at the end when they take no more memory than whole-weight sinks (a double per element
- * of wo_a, wq_b and the indexer's query projections); else sinks. n is the same on every rank, so
+ * products at the end when they take no more memory than whole-weight sinks (half a double per
+ * element of wo_a, wq_b and the indexer's query projections: the zero gradient tensor of a fresh
+ * backward holds the other half); else sinks. n is the same on every rank, so
  * every rank makes the same choice (the collectives follow it). DSV4_WGRAD_KEEP=rows / sums in the
  * environment forces one (tests: both give the same bits). */
 int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n);
@@ -70,6 +71,9 @@ uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int
 
 #define DSV4_WSINKS_MAX 40
 
+/* 32 bits that may live in a float's storage (a product sink's high halves in its tensor) */
+typedef uint32_t dsv4_u32a __attribute__((may_alias));
+
 typedef struct {
   float *out;        /* the gradient tensor (zeroed while registered; restored + sum at finish) */
   float *g0;         /* out's value at registration */
@@ -78,7 +82,9 @@ typedef struct {
   int external;      /* acc belongs to the caller (shared across layer calls): not freed */
   int local;         /* an intermediate sum: not all-reduced, not stored (its user reads acc) */
   dsv4_wshape shape; /* product sinks (M > 0): rows of partial panels kept for finish */
-  double *dacc;      /* product sinks: [M, N] exact sums as doubles (wgrad.c "double sums"; acc NULL) */
+  uint32_t *dlo;     /* product sinks: [M, N] exact sums as doubles (wgrad.c "double sums"; acc NULL): */
+  dsv4_u32a *dhi;    /* each double's low and high 32 bits; dhi is out's own storage while out is zero */
+  int dhi_own;       /* dhi allocated (out was not zero at registration: it keeps its value) */
   int64_t **promo;   /* per C block: NULL, or its xacc rows once a double add was not exact */
   uint8_t *dused;    /* per C block: its doubles were written (else they are zero, unread) */
   int64_t n_blocks;
@@ -100,9 +106,11 @@ void dsv4_wsinks_begin(dsv4_wsinks *s, dsv4_impl impl, const char *what);
 /* Registers tensor out [n] with accumulator rows of width w (external: the caller's zeroed
  * accumulator, local: see above). A tensor registered twice is one sink. */
 dsv4_status dsv4_wsinks_add(dsv4_wsinks *s, float *out, int64_t n, int64_t w, int64_t *external, int local);
-/* A product sink: C [M, N] (row width N), whose exact sums are doubles while they stay exact (8
- * bytes per element; a block that needs more moves to xacc sums). C is left as it is until finish
- * adds the rounded sum (no copy of its value is kept); only dsv4_wsinks_product adds to it. */
+/* A product sink: C [M, N] (row width N), whose exact sums are doubles while they stay exact (a
+ * block that needs more moves to xacc sums). A C of zeros (every bit) lends its floats to the
+ * doubles' high halves until finish (4 more bytes per element, else 8), then holds the rounded sum;
+ * any other C is left as it is until finish adds the rounded sum. Only dsv4_wsinks_product adds to
+ * it; an error restores it. */
 dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape *shape);
 /* The sink of out (NULL: none). */
 dsv4_wsink *dsv4_wsinks_of(dsv4_wsinks *s, const float *out);

@@ -295,27 +295,32 @@ static void wgrad_double_sums(void) {
     for (int64_t i = 0; i < T; i++)
       for (int64_t e = 0; e < N; e++)
         B[i * N + e] *= cases[c].every * (i / P != 1 ? 1.0f : e < 512 ? cases[c].cols : cases[c].rest);
-    tu_fill(C0, M * N, 13, 1.0f); /* the tensor's value before: finish adds the sum to it */
-    memcpy(C1, C0, sizeof(float) * M * N);
-    const dsv4_wshape sh = {M, N, P, T};
-    int old = dsv4_threads_enter(1);
-    const dsv4_wpiece whole = {.n = T, .A = A, .B = B, .lda = M, .ldb = N, .glob = glob};
-    tu_ok(dsv4_wgrad_exact(NULL, &sh, &whole, 1, C0, DSV4_IMPL_FAST, "test"), "wgrad whole");
-    dsv4_threads_leave(old);
-    old = dsv4_threads_enter(2);
-    static const int64_t cut[] = {0, 512, 700, 1024, 1300}; /* a whole panel, then pieces of panel 1 */
-    dsv4_wsinks ks;
-    dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "test");
-    tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
-    for (int k = 0; k < 4; k++) {
-      const dsv4_wpiece pc = {.n = cut[k + 1] - cut[k], .A = A + cut[k] * M, .B = B + cut[k] * N, .lda = M, .ldb = N,
-                              .glob = glob + cut[k]};
-      tu_ok(dsv4_wsinks_product(&ks, C1, &pc), "sink chunk");
+    for (int zero = 0; zero < 2; zero++) {
+      /* the tensor's value before: finish adds the sum to it; zeros lend their floats to the sums */
+      if (zero) memset(C0, 0, sizeof(float) * M * N);
+      else tu_fill(C0, M * N, 13, 1.0f);
+      memcpy(C1, C0, sizeof(float) * M * N);
+      const dsv4_wshape sh = {M, N, P, T};
+      int old = dsv4_threads_enter(1);
+      const dsv4_wpiece whole = {.n = T, .A = A, .B = B, .lda = M, .ldb = N, .glob = glob};
+      tu_ok(dsv4_wgrad_exact(NULL, &sh, &whole, 1, C0, DSV4_IMPL_FAST, "test"), "wgrad whole");
+      dsv4_threads_leave(old);
+      old = dsv4_threads_enter(2);
+      static const int64_t cut[] = {0, 512, 700, 1024, 1300}; /* a whole panel, then pieces of panel 1 */
+      dsv4_wsinks ks;
+      dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "test");
+      tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
+      tu_check(dsv4_wsinks_of(&ks, C1)->dhi_own == !zero, "double sums: the high halves in the tensor iff it is zero");
+      for (int k = 0; k < 4; k++) {
+        const dsv4_wpiece pc = {.n = cut[k + 1] - cut[k], .A = A + cut[k] * M, .B = B + cut[k] * N, .lda = M,
+                                .ldb = N, .glob = glob + cut[k]};
+        tu_ok(dsv4_wsinks_product(&ks, C1, &pc), "sink chunk");
+      }
+      tu_ok(dsv4_wsinks_finish(&ks, NULL), "sink finish");
+      dsv4_threads_leave(old);
+      tu_check(!memcmp(C0, C1, sizeof(float) * (size_t)(M * N)), "double sums, %s, %s tensor: the bits of the xacc sums",
+               cases[c].what, zero ? "a zero" : "an accumulating");
     }
-    tu_ok(dsv4_wsinks_finish(&ks, NULL), "sink finish");
-    dsv4_threads_leave(old);
-    tu_check(!memcmp(C0, C1, sizeof(float) * (size_t)(M * N)), "double sums, %s: the bits of the xacc sums",
-             cases[c].what);
   }
   /* a sum whose order a double would change decides the rounding: 1, 2^-53, 2^-53, 2^-24, one
    * term per panel in element (0, 0) (4 panels of 512). Exactly 1 + 2^-24 + 2^-52: 1 + 2^-23 as a
@@ -347,18 +352,24 @@ static void wgrad_double_sums(void) {
              (double)((c4[0][0] - 1.0f) / 0x1p-23f), (double)((c4[1][0] - 1.0f) / 0x1p-23f));
     free(A4), free(B4);
   }
-  /* a bad term leaves the tensor as it was and names the set */
+  /* a bad term leaves the tensor as it was (an accumulating one, and a zero one whose floats held
+   * the high halves) and names the set */
   A[3 * M] = INFINITY;
-  memcpy(C1, C0, sizeof(float) * M * N);
-  const dsv4_wshape sh = {M, N, P, T};
-  const dsv4_wpiece whole = {.n = T, .A = A, .B = B, .lda = M, .ldb = N, .glob = glob};
-  dsv4_wsinks ks;
-  dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "wq_b sinks");
-  tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
-  tu_ok(dsv4_wsinks_product(&ks, C1, &whole), "sink rows");
-  tu_check(dsv4_wsinks_finish(&ks, NULL) == DSV4_ERR_ARG && strstr(dsv4_last_error(), "wq_b sinks") &&
-               !memcmp(C0, C1, sizeof(float) * (size_t)(M * N)),
-           "double sums: a non-finite term is an error naming the set, the tensor untouched (%s)", dsv4_last_error());
+  for (int zero = 0; zero < 2; zero++) {
+    if (zero) memset(C0, 0, sizeof(float) * M * N);
+    else tu_fill(C0, M * N, 13, 1.0f);
+    memcpy(C1, C0, sizeof(float) * M * N);
+    const dsv4_wshape sh = {M, N, P, T};
+    const dsv4_wpiece whole = {.n = T, .A = A, .B = B, .lda = M, .ldb = N, .glob = glob};
+    dsv4_wsinks ks;
+    dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "wq_b sinks");
+    tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
+    tu_ok(dsv4_wsinks_product(&ks, C1, &whole), "sink rows");
+    tu_check(dsv4_wsinks_finish(&ks, NULL) == DSV4_ERR_ARG && strstr(dsv4_last_error(), "wq_b sinks") &&
+                 !memcmp(C0, C1, sizeof(float) * (size_t)(M * N)),
+             "double sums: a non-finite term is an error naming the set, the %s tensor untouched (%s)",
+             zero ? "zero" : "accumulating", dsv4_last_error());
+  }
   free(A), free(B), free(C0), free(C1), free(glob);
 }
 
