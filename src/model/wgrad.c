@@ -467,11 +467,10 @@ fail:
 }
 
 /* Bytes of the whole-weight product sinks a recomputed backward would need (double sums: 4 per
- * element beside the zero tensor that holds their high halves, as a fresh backward's; 8 beside a
- * tensor that accumulates, and a block that leaves them for xacc sums, are not counted: the caller
- * and the data decide those), and of the
- * rows that would replace them (dq and the rotated output, n x H D each; the indexer queries' d qI,
- * d w). */
+ * element beside a fresh backward's zero tensor, which holds their high halves; not counted: 8
+ * beside a tensor that accumulates, and blocks that leave them for xacc sums, which the caller and
+ * the data decide), and of the rows that would replace them (dq and the rotated output, n x H D
+ * each; the indexer queries' d qI, d w). */
 static void keep_costs(const dsv4_config *cf, int selects, int64_t n, uint64_t *sink_bytes, uint64_t *row_bytes) {
   const uint64_t H = (uint64_t)cf->n_heads, D = (uint64_t)cf->head_dim, dq = (uint64_t)cf->q_lora_rank;
   const uint64_t G = (uint64_t)cf->o_groups, Ro = (uint64_t)cf->o_lora_rank, d = (uint64_t)cf->dim;
@@ -578,8 +577,7 @@ dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape 
   const dsv4_u32a *c = (const dsv4_u32a *)C;
   uint32_t any = 0;
   for (int64_t e = 0; e < k->n; e++) any |= c[e];
-  k->dhi_own = any != 0;
-  if (k->dhi_own) DSV4_ALLOC(k->dhi, k->n);
+  if (any) DSV4_ALLOC(k->dhi, k->n);
   else k->dhi = (dsv4_u32a *)C;
   s->count++;
 fail:
@@ -597,11 +595,15 @@ fail:
  * must live from the first chunk to the last. util/xacc.h's sums take 16 bytes per element (1.3 GB
  * for V4-Flash's wo_a and wq_b, more than the activations recomputation saves); here a sum is one
  * double while it stays exact, stored as two 32-bit halves so that the high ones can live in the
- * gradient tensor itself while it is zero (a fresh backward's: 4 bytes per element more, not 8): each panel's fp32 product is put on xacc's grid (2^-66: what
- * dsv4_xacc_add1 adds) and added with TwoSum's error term as the test. Terms whose exponents lie
+ * gradient tensor itself while it is zero (a fresh backward's: 4 bytes per element more, not 8).
+ * Each panel's fp32 product is put on xacc's grid (2^-66: what dsv4_xacc_add1 adds) and added with
+ * TwoSum's error term as the test. Terms whose exponents lie
  * further apart than a double's 53 bits make an add inexact; the block is then moved to xacc sums
  * (exact up to then, so nothing is lost) for the rest of the backward. At finish the doubles become
  * xacc sums (exactly), cross ranks and are rounded as on every other path: the same bits. */
+
+/* Whether product sink k's high halves live in its tensor (it was zero at registration). */
+static inline int dhi_in_out(const dsv4_wsink *k) { return (const void *)k->dhi == (const void *)k->out; }
 
 /* Double e of product sink k, read and written. */
 static inline double dget(const dsv4_wsink *k, int64_t e) {
@@ -698,8 +700,8 @@ static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview 
   return bad;
 }
 
-/* Product sink k's sums, all-reduced, rounded once and added to its tensor (its registered value), in messages of at most
- * DSUM_MSG elements. Collective. */
+/* Product sink k's sums, all-reduced, rounded once and added to its tensor (its registered value),
+ * in messages of at most DSUM_MSG elements. Collective. */
 static dsv4_status dsum_store(dsv4_wsink *k, dsv4_comm *comm) {
   dsv4_status rc = DSV4_OK;
   const blocking bl = dsv4_wg_blocks(&k->shape);
@@ -722,7 +724,7 @@ static dsv4_status dsum_store(dsv4_wsink *k, dsv4_comm *comm) {
       }
     }
     /* rows whose tensor held high halves are read: zero again, the value they were registered with */
-    if (!k->dhi_own) memset(k->out + r0 * w, 0, sizeof(float) * (size_t)(nr * w));
+    if (dhi_in_out(k)) memset(k->out + r0 * w, 0, sizeof(float) * (size_t)(nr * w));
     DSV4_TRY(allreduce_i64(comm, x, (size_t)(nr * 2 * w)));
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; r++) {
@@ -858,7 +860,7 @@ static void sink_free(dsv4_wsink *k) {
   free(k->promo);
   free(k->dused);
   free(k->dlo);
-  if (k->dhi_own) free(k->dhi);
+  if (!dhi_in_out(k)) free(k->dhi);
   free(k->g0);
   free(k->sa);
   free(k->sb);
@@ -873,7 +875,7 @@ static void release(dsv4_wsinks *s, int restore) {
   scratch_release();
   for (int i = 0; i < s->count; i++) {
     if (restore && s->s[i].g0) memcpy(s->s[i].out, s->s[i].g0, sizeof(float) * (size_t)s->s[i].n);
-    if (restore && s->s[i].dlo && !s->s[i].dhi_own) memset(s->s[i].out, 0, sizeof(float) * (size_t)s->s[i].n);
+    if (restore && s->s[i].dlo && dhi_in_out(&s->s[i])) memset(s->s[i].out, 0, sizeof(float) * (size_t)s->s[i].n);
     sink_free(&s->s[i]);
   }
   s->count = 0;

@@ -83,8 +83,8 @@ typedef struct {
   int local;         /* an intermediate sum: not all-reduced, not stored (its user reads acc) */
   dsv4_wshape shape; /* product sinks (M > 0): rows of partial panels kept for finish */
   uint32_t *dlo;     /* product sinks: [M, N] exact sums as doubles (wgrad.c "double sums"; acc NULL): */
-  dsv4_u32a *dhi;    /* each double's low and high 32 bits; dhi is out's own storage while out is zero */
-  int dhi_own;       /* dhi allocated (out was not zero at registration: it keeps its value) */
+  dsv4_u32a *dhi;    /* each double's low and high 32 bits; dhi is out's own storage (cast) when out
+                      * was zero at registration, else allocated (out keeps its value) */
   int64_t **promo;   /* per C block: NULL, or its xacc rows once a double add was not exact */
   uint8_t *dused;    /* per C block: its doubles were written (else they are zero, unread) */
   int64_t n_blocks;
