@@ -323,6 +323,9 @@ static dsv4_status layer_sinks(dsv4_layer *l, dsv4_weights *grads, dsv4_wsinks *
   DSV4_TRY(dsv4_wsinks_add(ks, dsv4_w(grads, W_Q_NORM), dq, dq, NULL, 0));
   DSV4_TRY(dsv4_wsinks_add(ks, dsv4_w(grads, W_KV_NORM), D, D, NULL, 0));
   if (!l->kq) {
+    /* wo_b's product waits for the sums' finish (its rows u stay whole here: d u is chunk scratch),
+     * so a fresh backward's zero wo_b gradient holds these sinks' low halves meanwhile */
+    dsv4_wsinks_lend(ks, dsv4_w(grads, W_WO_B), cf->dim * G * Ro);
     const dsv4_wshape so = {Ro, HGD, P, T}, sq = {H * D, dq, P, T};
     for (int64_t gi = 0; gi < G; gi++) DSV4_TRY(dsv4_wsinks_add_product(ks, dsv4_w(grads, W_WO_A) + gi * Ro * HGD, &so));
     DSV4_TRY(dsv4_wsinks_add_product(ks, dsv4_w(grads, W_WQ_B), &sq));
@@ -375,8 +378,10 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
   DSV4_TRY(layer_sinks(l, grads, ks));
   /* The backward consumes the forward's saved rows: u, a and (default mode) q, o, the indexer
    * queries keep the output gradients of the weight products that run over every row at the end.
-   * wo_b's first, while u is still u (its dout rows are the caller's: padding rows count as zero). */
-  DSV4_TRY(wprod(l, dsv4_w(grads, W_WO_B), d, G * Ro, dout, d, l->sv.u, G * Ro, p->real, "wo_b"));
+   * wo_b's first, while u is still u (its dout rows are the caller's: padding rows count as zero);
+   * recomputed with sums (u stays u) after the sums' finish, its tensor lent to them meanwhile. */
+  const int wo_b_last = !l->kq;
+  if (!wo_b_last) DSV4_TRY(wprod(l, dsv4_w(grads, W_WO_B), d, G * Ro, dout, d, l->sv.u, G * Ro, p->real, "wo_b"));
   /* the same chunks with or without recomputation, so both give the same bits (plan.h) */
   for (int64_t k = 0; k < p->n_chunk; k++) {
     const int64_t i0 = p->chunk[k], m = p->chunk[k + 1] - i0;
@@ -420,6 +425,7 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
     if (!p->real[i]) memset(dx + i * d, 0, sizeof(float) * (size_t)d);
   begun = 0;
   DSV4_TRY(dsv4_core_bwd_finish(core));
+  if (wo_b_last) DSV4_TRY(wprod(l, dsv4_w(grads, W_WO_B), d, G * Ro, dout, d, l->sv.u, G * Ro, p->real, "wo_b"));
 fail:
   if (begun) dsv4_core_bwd_abort(core);
   if (consumed) l->valid = 0; /* the saved rows now hold gradients */

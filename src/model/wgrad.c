@@ -467,15 +467,19 @@ fail:
 }
 
 /* Bytes of the whole-weight product sinks a recomputed backward would need (double sums: 4 per
- * element beside a fresh backward's zero tensor, which holds their high halves; not counted: 8
- * beside a tensor that accumulates, and blocks that leave them for xacc sums, which the caller and
- * the data decide), and of the rows that would replace them (dq and the rotated output, n x H D
- * each; the indexer queries' d qI, d w). */
+ * element beside a fresh backward's zero tensor, which holds their high halves, none for those
+ * whose low halves the zero wo_b gradient holds (layer.c registers the wo_a groups, then wq_b, each
+ * lent what still fits); not counted: 8 beside a tensor that accumulates, and blocks that leave
+ * them for xacc sums, which the caller and the data decide), and of the rows that would replace
+ * them (dq and the rotated output, n x H D each; the indexer queries' d qI, d w). */
 static void keep_costs(const dsv4_config *cf, int selects, int64_t n, uint64_t *sink_bytes, uint64_t *row_bytes) {
   const uint64_t H = (uint64_t)cf->n_heads, D = (uint64_t)cf->head_dim, dq = (uint64_t)cf->q_lora_rank;
   const uint64_t G = (uint64_t)cf->o_groups, Ro = (uint64_t)cf->o_lora_rank, d = (uint64_t)cf->dim;
   const uint64_t Hi = (uint64_t)cf->index_n_heads, Di = (uint64_t)cf->index_head_dim;
-  uint64_t el = G * Ro * (H / G) * D + H * D * dq, row = 2 * H * D;
+  uint64_t el = G * Ro * (H / G) * D + H * D * dq, row = 2 * H * D, pool = d * G * Ro;
+  for (uint64_t g = 0; g < G; g++)
+    if (Ro * (H / G) * D <= pool) pool -= Ro * (H / G) * D, el -= Ro * (H / G) * D;
+  if (H * D * dq <= pool) el -= H * D * dq;
   if (selects) el += Hi * Di * dq + Hi * d, row += Hi * Di + Hi;
   *sink_bytes = el * sizeof(uint32_t);
   *row_bytes = (uint64_t)(n > 0 ? n : 0) * row * sizeof(float);
@@ -570,7 +574,14 @@ dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape 
   dsv4_wsink *k = &s->s[s->count];
   memset(k, 0, sizeof *k);
   k->out = C, k->n = shape->M * shape->N, k->w = shape->N, k->shape = *shape, k->n_blocks = bl.bm * bl.bn;
-  DSV4_ALLOC(k->dlo, k->n); /* zero pages until a block's first add writes them (dsum_block) */
+  if (s->pool && s->pool_n - s->pool_used >= k->n) { /* zeros, as a fresh allocation's pages */
+    k->dlo = s->pool + s->pool_used, k->lo_lent = 1;
+    s->pool_used += k->n;
+  } else {
+    uint32_t *lo = NULL;
+    DSV4_ALLOC(lo, k->n); /* zero pages until a block's first add writes them (dsum_block) */
+    k->dlo = lo;
+  }
   DSV4_ALLOC(k->promo, k->n_blocks);
   DSV4_ALLOC(k->dused, k->n_blocks);
   /* a fresh backward's tensor is zeros: its floats hold the doubles' high halves until finish */
@@ -582,12 +593,23 @@ dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape 
   s->count++;
 fail:
   if (rc != DSV4_OK && s->count < DSV4_WSINKS_MAX) {
-    free(s->s[s->count].dlo);
+    if (s->s[s->count].lo_lent) s->pool_used -= s->s[s->count].n;
+    else free(s->s[s->count].dlo);
     free(s->s[s->count].promo);
     free(s->s[s->count].dused);
     memset(&s->s[s->count], 0, sizeof s->s[s->count]);
   }
   return rc;
+}
+
+int dsv4_wsinks_lend(dsv4_wsinks *s, float *spare, int64_t n) {
+  if (!spare || n <= 0 || s->pool) return 0;
+  const dsv4_u32a *c = (const dsv4_u32a *)spare;
+  uint32_t any = 0;
+  for (int64_t e = 0; e < n; e++) any |= c[e];
+  if (any) return 0;
+  s->pool = (dsv4_u32a *)spare, s->pool_n = n, s->pool_used = 0;
+  return 1;
 }
 
 /* ---- double sums ------------------------------------------------------------------------------
@@ -723,8 +745,10 @@ static dsv4_status dsum_store(dsv4_wsink *k, dsv4_comm *comm) {
         }
       }
     }
-    /* rows whose tensor held high halves are read: zero again, the value they were registered with */
+    /* rows whose tensor held high halves are read: zero again, the value they were registered with
+     * (and the lent tensor's floats that held their low halves, for its own product) */
     if (dhi_in_out(k)) memset(k->out + r0 * w, 0, sizeof(float) * (size_t)(nr * w));
+    if (k->lo_lent) memset((void *)(k->dlo + r0 * w), 0, sizeof(float) * (size_t)(nr * w));
     DSV4_TRY(allreduce_i64(comm, x, (size_t)(nr * 2 * w)));
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; r++) {
@@ -859,7 +883,7 @@ static void sink_free(dsv4_wsink *k) {
   for (int64_t b = 0; k->promo && b < k->n_blocks; b++) free(k->promo[b]);
   free(k->promo);
   free(k->dused);
-  free(k->dlo);
+  if (!k->lo_lent) free((void *)k->dlo);
   if (!dhi_in_out(k)) free(k->dhi);
   free(k->g0);
   free(k->sa);
@@ -878,6 +902,8 @@ static void release(dsv4_wsinks *s, int restore) {
     if (restore && s->s[i].dlo && dhi_in_out(&s->s[i])) memset(s->s[i].out, 0, sizeof(float) * (size_t)s->s[i].n);
     sink_free(&s->s[i]);
   }
+  if (restore && s->pool) memset((void *)s->pool, 0, sizeof(float) * (size_t)s->pool_used);
+  s->pool = NULL, s->pool_n = s->pool_used = 0;
   s->count = 0;
   s->active = 0;
 }

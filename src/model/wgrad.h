@@ -57,10 +57,10 @@ dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *s, const dsv4_w
 /* A recomputed backward (no q, o kept) of n local rows keeps the rows of its chunk-by-chunk weight
  * products (dq, the rotated output, the indexer queries' gradients: n x (2 H D + ...) floats) for
  * products at the end when they take no more memory than whole-weight sinks (half a double per
- * element of wo_a, wq_b and the indexer's query projections: the zero gradient tensor of a fresh
- * backward holds the other half); else sinks. n is the same on every rank, so
- * every rank makes the same choice (the collectives follow it). DSV4_WGRAD_KEEP=rows / sums in the
- * environment forces one (tests: both give the same bits). */
+ * element of wq_b and the indexer's query projections, none for wo_a: a fresh backward's zero
+ * tensors hold the rest, each its own high halves, wo_b's wo_a's low ones); else sinks. n is the
+ * same on every rank, so every rank makes the same choice (the collectives follow it).
+ * DSV4_WGRAD_KEEP=rows / sums in the environment forces one (tests: both give the same bits). */
 int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n);
 /* Bytes the weight-gradient sums and rows hold at most during one backward of n local rows of T on
  * `ranks` ranks, for the planner (the choice above with recomputation, the streamed products'
@@ -82,9 +82,11 @@ typedef struct {
   int external;      /* acc belongs to the caller (shared across layer calls): not freed */
   int local;         /* an intermediate sum: not all-reduced, not stored (its user reads acc) */
   dsv4_wshape shape; /* product sinks (M > 0): rows of partial panels kept for finish */
-  uint32_t *dlo;     /* product sinks: [M, N] exact sums as doubles (wgrad.c "double sums"; acc NULL): */
+  dsv4_u32a *dlo;    /* product sinks: [M, N] exact sums as doubles (wgrad.c "double sums"; acc NULL): */
   dsv4_u32a *dhi;    /* each double's low and high 32 bits; dhi is out's own storage (cast) when out
-                      * was zero at registration, else allocated (out keeps its value) */
+                      * was zero at registration, else allocated (out keeps its value); dlo lies in
+                      * a lent tensor (dsv4_wsinks_lend) where lo_lent, else is allocated */
+  int lo_lent;
   int64_t **promo;   /* per C block: NULL, or its xacc rows once a double add was not exact */
   uint8_t *dused;    /* per C block: its doubles were written (else they are zero, unread) */
   int64_t n_blocks;
@@ -97,6 +99,8 @@ typedef struct {
 typedef struct {
   dsv4_wsink s[DSV4_WSINKS_MAX];
   int count, bad, active;
+  dsv4_u32a *pool;   /* a lent zero tensor's floats, for product sinks' low halves */
+  int64_t pool_n, pool_used;
   dsv4_impl impl;
   const char *what;
 } dsv4_wsinks;
@@ -112,6 +116,12 @@ dsv4_status dsv4_wsinks_add(dsv4_wsinks *s, float *out, int64_t n, int64_t w, in
  * any other C is left as it is until finish adds the rounded sum. Only dsv4_wsinks_product adds to
  * it; an error restores it. */
 dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape *shape);
+/* Lends the floats of spare [n], a gradient tensor that nothing writes until after finish (its own
+ * product deferred, as a recomputed backward does for wo_b's), to the low halves of the product
+ * sinks registered after this call, while they fit: those then take no memory of their own. Only
+ * a spare of zeros (every bit) is taken; finish (or an error) leaves it zero again. Returns whether
+ * it was taken. */
+int dsv4_wsinks_lend(dsv4_wsinks *s, float *spare, int64_t n);
 /* The sink of out (NULL: none). */
 dsv4_wsink *dsv4_wsinks_of(dsv4_wsinks *s, const float *out);
 /* Terms t [rows, w'] added to the sink of out element by element (serial). */

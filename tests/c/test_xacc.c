@@ -273,7 +273,8 @@ static void wgrad_panels(void) {
  * the way), chunk by chunk on 2 threads: a panel scaled by 2^-40 against the others in the first
  * block column (a double cannot hold the sum: that block moves), by 2^-10 in the second (exact in
  * a double: it stays), every term near 2^-57 (below xacc's grid's 24 bits: rounded to it as xacc
- * does), and chunks that cut panels. Every case: the same bits. Random terms rarely tell an
+ * does), and chunks that cut panels; the tensor zero or not, the low halves in a lent zero tensor
+ * or not (dsv4_wsinks_lend: zero again after). Every case: the same bits. Random terms rarely tell an
  * inexact double from an exact sum once rounded to a float, so one element is built where they
  * differ (a double without the exactness test fails it). */
 static void wgrad_double_sums(void) {
@@ -289,14 +290,17 @@ static void wgrad_double_sums(void) {
   for (int64_t i = 0; i < T; i++) glob[i] = i;
   float *A = malloc(sizeof(float) * T * M), *B = malloc(sizeof(float) * T * N);
   float *C0 = malloc(sizeof(float) * M * N), *C1 = malloc(sizeof(float) * M * N);
+  float *spare = malloc(sizeof(float) * (M * N + 1));
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     tu_fill(A, T * M, 11 + c, 1.0f);
     tu_fill(B, T * N, 12 + c, 1.0f);
     for (int64_t i = 0; i < T; i++)
       for (int64_t e = 0; e < N; e++)
         B[i * N + e] *= cases[c].every * (i / P != 1 ? 1.0f : e < 512 ? cases[c].cols : cases[c].rest);
-    for (int zero = 0; zero < 2; zero++) {
-      /* the tensor's value before: finish adds the sum to it; zeros lend their floats to the sums */
+    for (int v = 0; v < 4; v++) {
+      /* the tensor's value before: finish adds the sum to it; zeros lend their floats to the sums'
+       * high halves; lend: another zero tensor holds the low halves */
+      const int zero = v & 1, lend = v >> 1;
       if (zero) memset(C0, 0, sizeof(float) * M * N);
       else tu_fill(C0, M * N, 13, 1.0f);
       memcpy(C1, C0, sizeof(float) * M * N);
@@ -309,9 +313,14 @@ static void wgrad_double_sums(void) {
       static const int64_t cut[] = {0, 512, 700, 1024, 1300}; /* a whole panel, then pieces of panel 1 */
       dsv4_wsinks ks;
       dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "test");
+      memset(spare, 0, sizeof(float) * M * N);
+      spare[M * N] = 1.0f; /* beyond the lent part: not the pool's, must stay */
+      if (lend) tu_check(dsv4_wsinks_lend(&ks, spare, M * N), "double sums: a zero spare tensor is lent");
       tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
       tu_check(((void *)dsv4_wsinks_of(&ks, C1)->dhi == (void *)C1) == zero,
                "double sums: the high halves in the tensor iff it is zero");
+      tu_check(dsv4_wsinks_of(&ks, C1)->lo_lent == lend && (!lend || (void *)dsv4_wsinks_of(&ks, C1)->dlo == spare),
+               "double sums: the low halves in the lent tensor iff one was lent");
       for (int k = 0; k < 4; k++) {
         const dsv4_wpiece pc = {.n = cut[k + 1] - cut[k], .A = A + cut[k] * M, .B = B + cut[k] * N, .lda = M,
                                 .ldb = N, .glob = glob + cut[k]};
@@ -319,9 +328,25 @@ static void wgrad_double_sums(void) {
       }
       tu_ok(dsv4_wsinks_finish(&ks, NULL), "sink finish");
       dsv4_threads_leave(old);
-      tu_check(!memcmp(C0, C1, sizeof(float) * (size_t)(M * N)), "double sums, %s, %s tensor: the bits of the xacc sums",
-               cases[c].what, zero ? "a zero" : "an accumulating");
+      tu_check(!memcmp(C0, C1, sizeof(float) * (size_t)(M * N)), "double sums, %s, %s tensor%s: the bits of the xacc sums",
+               cases[c].what, zero ? "a zero" : "an accumulating", lend ? ", low halves lent" : "");
+      int clear = spare[M * N] == 1.0f;
+      for (int64_t e = 0; e < M * N; e++) clear &= spare[e] == 0.0f && !signbit(spare[e]);
+      tu_check(clear, "double sums: the lent tensor is zero again after finish (and nothing beyond it written)");
     }
+  }
+  { /* what is not lent: a spare that is not zero, one too small for the sink */
+    dsv4_wsinks ks;
+    const dsv4_wshape sh = {M, N, P, T};
+    dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "test");
+    memset(spare, 0, sizeof(float) * M * N);
+    spare[7] = -0.0f;
+    tu_check(!dsv4_wsinks_lend(&ks, spare, M * N) && !ks.pool, "double sums: a spare with a bit set is not lent");
+    spare[7] = 0.0f;
+    tu_check(dsv4_wsinks_lend(&ks, spare, M * N - 1), "lend");
+    tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
+    tu_check(!dsv4_wsinks_of(&ks, C1)->lo_lent, "double sums: a lent tensor too small for the sink is not used");
+    dsv4_wsinks_drop(&ks);
   }
   /* a sum whose order a double would change decides the rounding: 1, 2^-53, 2^-53, 2^-24, one
    * term per panel in element (0, 0) (4 panels of 512). Exactly 1 + 2^-24 + 2^-52: 1 + 2^-23 as a
@@ -356,7 +381,8 @@ static void wgrad_double_sums(void) {
   /* a bad term leaves the tensor as it was (an accumulating one, and a zero one whose floats held
    * the high halves) and names the set */
   A[3 * M] = INFINITY;
-  for (int zero = 0; zero < 2; zero++) {
+  for (int v = 0; v < 4; v++) {
+    const int zero = v & 1, lend = v >> 1;
     if (zero) memset(C0, 0, sizeof(float) * M * N);
     else tu_fill(C0, M * N, 13, 1.0f);
     memcpy(C1, C0, sizeof(float) * M * N);
@@ -364,14 +390,19 @@ static void wgrad_double_sums(void) {
     const dsv4_wpiece whole = {.n = T, .A = A, .B = B, .lda = M, .ldb = N, .glob = glob};
     dsv4_wsinks ks;
     dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "wq_b sinks");
+    memset(spare, 0, sizeof(float) * M * N);
+    if (lend) dsv4_wsinks_lend(&ks, spare, M * N);
     tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
     tu_ok(dsv4_wsinks_product(&ks, C1, &whole), "sink rows");
     tu_check(dsv4_wsinks_finish(&ks, NULL) == DSV4_ERR_ARG && strstr(dsv4_last_error(), "wq_b sinks") &&
                  !memcmp(C0, C1, sizeof(float) * (size_t)(M * N)),
              "double sums: a non-finite term is an error naming the set, the %s tensor untouched (%s)",
              zero ? "zero" : "accumulating", dsv4_last_error());
+    int clear = 1;
+    for (int64_t e = 0; e < M * N; e++) clear &= spare[e] == 0.0f && !signbit(spare[e]);
+    tu_check(clear, "double sums: an error leaves the lent tensor zero");
   }
-  free(A), free(B), free(C0), free(C1), free(glob);
+  free(A), free(B), free(C0), free(C1), free(spare), free(glob);
 }
 
 static const tu_test TESTS[] = {
