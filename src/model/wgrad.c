@@ -566,6 +566,14 @@ fail:
   return rc;
 }
 
+/* Whether every bit of x [n] is zero (-0.0 is not: a tensor lent to the sums must be zeros). */
+static int zero_bits(const float *x, int64_t n) {
+  const dsv4_u32a *c = (const dsv4_u32a *)x;
+  uint32_t any = 0;
+  for (int64_t e = 0; e < n; e++) any |= c[e];
+  return !any;
+}
+
 dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape *shape) {
   dsv4_status rc = DSV4_OK;
   if (!C || shape->M <= 0 || shape->N <= 0 || dsv4_wsinks_of(s, C)) return DSV4_OK;
@@ -585,10 +593,7 @@ dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape 
   DSV4_ALLOC(k->promo, k->n_blocks);
   DSV4_ALLOC(k->dused, k->n_blocks);
   /* a fresh backward's tensor is zeros: its floats hold the doubles' high halves until finish */
-  const dsv4_u32a *c = (const dsv4_u32a *)C;
-  uint32_t any = 0;
-  for (int64_t e = 0; e < k->n; e++) any |= c[e];
-  if (any) DSV4_ALLOC(k->dhi, k->n);
+  if (!zero_bits(C, k->n)) DSV4_ALLOC(k->dhi, k->n);
   else k->dhi = (dsv4_u32a *)C;
   s->count++;
 fail:
@@ -603,11 +608,7 @@ fail:
 }
 
 int dsv4_wsinks_lend(dsv4_wsinks *s, float *spare, int64_t n) {
-  if (!spare || n <= 0 || s->pool) return 0;
-  const dsv4_u32a *c = (const dsv4_u32a *)spare;
-  uint32_t any = 0;
-  for (int64_t e = 0; e < n; e++) any |= c[e];
-  if (any) return 0;
+  if (!spare || n <= 0 || s->pool || !zero_bits(spare, n)) return 0;
   s->pool = (dsv4_u32a *)spare, s->pool_n = n, s->pool_used = 0;
   return 1;
 }

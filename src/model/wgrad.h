@@ -19,7 +19,8 @@
  *   dsv4_wsinks        sums that grow over calls (a recomputed backward's per-chunk products, the
  *                      vector gradients every operator adds into): one exact accumulator per
  *                      registered gradient tensor (16 bytes per element; a product's: doubles
- *                      while exact, 8), all-reduced and rounded by dsv4_wsinks_finish. While
+ *                      while exact, 8, half or all of them in zero gradient tensors),
+ *                      all-reduced and rounded by dsv4_wsinks_finish. While
  *                      sinks are active, an operator's exact row sums (util/xrows.h
  *                      dsv4_xrows_finish) into a registered tensor land in its accumulator
  *                      instead of being rounded. */
