@@ -34,9 +34,9 @@
 
 /* Version of this header and library (dsv4_version() reports the library's at run time). */
 #define DSV4_VERSION_MAJOR 0
-#define DSV4_VERSION_MINOR 2
+#define DSV4_VERSION_MINOR 3
 #define DSV4_VERSION_PATCH 0
-#define DSV4_VERSION_STRING "0.2.0"
+#define DSV4_VERSION_STRING "0.3.0"
 
 /* Exported symbols: the library is built with -fvisibility=hidden, so only what this header and
  * dsv4cp_mpi.h declare is visible to programs linking the shared library. */
@@ -411,7 +411,10 @@ typedef struct {
 } dsv4_cp_config;
 #define DSV4_CP_CONFIG_INIT {DSV4_HEAD(dsv4_cp_config), .split = DSV4_SPLIT_CONTIGUOUS, .overlap = 1}
 
-/* Message kinds for accounting (forward and backward). */
+/* Message kinds for accounting (forward and backward; docs/cp.md gives each one's bytes). The
+ * last three are the backward's weight gradients, summed over the ranks inside the backward: rows
+ * of the weight products moved to the rank that computes a panel or block (and the lists of who
+ * holds which rows), their exact sums reduced as int64, and the rounded blocks all-gathered. */
 typedef enum {
   DSV4_MSG_WINDOW_HALO = 0,
   DSV4_MSG_COMPRESSOR_HALO,
@@ -421,8 +424,14 @@ typedef enum {
   DSV4_MSG_WINDOW_HALO_BWD,
   DSV4_MSG_COMPRESSOR_HALO_BWD,
   DSV4_MSG_SLOT_REDUCE_SCATTER,
+  DSV4_MSG_WGRAD_ROWS,       /* added in 0.3.0, like the two below */
+  DSV4_MSG_WGRAD_SUMS,
+  DSV4_MSG_WGRAD_ALLGATHER,
   DSV4_MSG_KINDS
 } dsv4_msg_kind;
+/* The kinds of 0.2.x: a dsv4_cp_stats of that size (compiled against 0.2.x headers) is written
+ * with its own layout, these kinds only. */
+#define DSV4_MSG_KINDS_0_2 8
 
 typedef struct {
   DSV4_STRUCT_HEAD;
@@ -438,7 +447,8 @@ typedef struct {
 DSV4_API const char *dsv4_msg_kind_name(dsv4_msg_kind k);
 
 /* The plan of one layer forward + backward under CP, computed on the host (docs/cp.md): bytes and
- * messages per kind for rank `rank` of `size` (what dsv4_cp_get_stats measures, exactly). */
+ * messages per kind for rank `rank` of `size` (what dsv4_cp_get_stats measures, exactly), for a
+ * layer without recomputation (dsv4_cp_plan_traffic_opts: either). */
 DSV4_API dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
                                           const dsv4_cp_config *cp, int rank, int size, dsv4_cp_stats *out);
 /* The same for every rank at once (out: [size], each element's struct_size set, e.g. from
@@ -446,13 +456,23 @@ DSV4_API dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, con
 DSV4_API dsv4_status dsv4_cp_plan_traffic_all(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
                                               const dsv4_cp_config *cp, int size, dsv4_cp_stats *out);
 
-/* How a layer will be run, for planning its memory. */
+/* How a layer will be run, for planning its memory and its messages. */
 typedef struct {
   DSV4_STRUCT_HEAD;
   int recompute;     /* dsv4_layer_set_recompute */
   int threads;       /* OpenMP threads per rank (per-thread scratch); 0 = 1 */
 } dsv4_plan_opts;
 #define DSV4_PLAN_OPTS_INIT {DSV4_HEAD(dsv4_plan_opts)}
+
+/* dsv4_cp_plan_traffic(_all) for a layer run as opts says (NULL: the default mode): with
+ * recomputation, the weight gradients whose rows are not kept reach the other ranks as whole-weight
+ * sums (docs/cp.md). */
+DSV4_API dsv4_status dsv4_cp_plan_traffic_opts(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                               const dsv4_cp_config *cp, const dsv4_plan_opts *opts, int rank,
+                                               int size, dsv4_cp_stats *out);
+DSV4_API dsv4_status dsv4_cp_plan_traffic_all_opts(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                                   const dsv4_cp_config *cp, const dsv4_plan_opts *opts, int size,
+                                                   dsv4_cp_stats *out);
 
 /* What one rank holds for one layer forward + backward, in bytes. */
 typedef struct {

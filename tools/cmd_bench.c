@@ -190,7 +190,8 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
     mine.saved_planned &= dsv4_cp_plan_memory(&j->cfg, j->layer + i, &j->pk, &j->cp, &popts, c->rank, c->size,
                                               &mem) == DSV4_OK;
     saved_plan += mem.saved, total_plan += mem.total;
-    if (dsv4_cp_plan_traffic(&j->cfg, j->layer + i, &j->pk, &j->cp, c->rank, c->size, &pl) != DSV4_OK) mine.planned = 0;
+    if (dsv4_cp_plan_traffic_opts(&j->cfg, j->layer + i, &j->pk, &j->cp, &popts, c->rank, c->size, &pl) != DSV4_OK)
+      mine.planned = 0;
     for (int m = 0; m < DSV4_MSG_KINDS; m++) {
       plan.bytes_sent[m] += pl.bytes_sent[m], plan.bytes_recv[m] += pl.bytes_recv[m];
       plan.messages[m] += pl.messages[m];

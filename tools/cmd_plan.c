@@ -143,7 +143,7 @@ static int plan_layer(cli_ctx *c, const plan_run *pr, int layer, const dsv4_pack
     return cli_lib(c, DSV4_ERR_NOMEM);
   }
   for (int q = 0; q < N; q++) st[q] = (dsv4_cp_stats)DSV4_CP_STATS_INIT, mem[q] = (dsv4_memory_plan)DSV4_MEMORY_PLAN_INIT;
-  int bad = cli_lib(c, dsv4_cp_plan_traffic_all(pr->cfg, layer, pk, &pr->cp, N, st));
+  int bad = cli_lib(c, dsv4_cp_plan_traffic_all_opts(pr->cfg, layer, pk, &pr->cp, &pr->opts, N, st));
   int worst = 0;
   for (int q = 0; q < N && !bad; q++) {
     bad = cli_lib(c, dsv4_cp_plan_memory(pr->cfg, layer, pk, &pr->cp, &pr->opts, q, N, &mem[q]));

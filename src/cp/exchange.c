@@ -67,7 +67,7 @@ dsv4_status dsv4_xfer_agree(dsv4_xfer *x, uint64_t cfg_hash, const dsv4_packing 
   }
   const double t0 = dsv4_xfer_now();
   DSV4_TRY(dsv4_comm_allreduce(x->comm, mm, DSV4_AGREE_VALUES, DSV4_RED_I64, DSV4_RED_MAX));
-  const uint64_t vol = 2 * sizeof mm * (uint64_t)(x->comm->size - 1) / (uint64_t)x->comm->size;
+  const uint64_t vol = dsv4_xfer_allreduce_volume(sizeof mm, x->comm->size);
   account(x, DSV4_MSG_META_CHECK, vol, vol, 1, dsv4_xfer_now() - t0);
   DSV4_CHECK(mm[0] == -mm[1], DSV4_ERR_COMM, "CP ranks disagree on the configuration or the layer");
   DSV4_CHECK(mm[2] == -mm[3], DSV4_ERR_COMM,
@@ -213,14 +213,6 @@ void dsv4_xfer_progress(dsv4_xfer *x) { dsv4_comm_test(x->comm, x->gather_req, D
 
 void dsv4_xfer_drain(dsv4_xfer *x) { dsv4_comm_wait(x->comm, x->gather_req, DSV4_GATHERS); }
 
-dsv4_status dsv4_xfer_reduce_scatter(dsv4_xfer *x, const float *all, float *mine, size_t n) {
-  const double t0 = dsv4_xfer_now();
-  dsv4_status rc = dsv4_comm_reduce_scatter(x->comm, all, mine, n, DSV4_RED_F32);
-  const uint64_t vol = sizeof(float) * (uint64_t)n * (uint64_t)(x->comm->size - 1);
-  account(x, DSV4_MSG_SLOT_REDUCE_SCATTER, vol, vol, 1, dsv4_xfer_now() - t0);
-  return rc;
-}
-
 /* Exact rows (util/xacc.h): integer sums, the same whatever the number of ranks or the order MPI
  * adds them in; the low words then carry into the high ones again. */
 dsv4_status dsv4_xfer_reduce_scatter_exact(dsv4_xfer *x, const int64_t *all, int64_t *mine, int64_t rows, int64_t w) {
@@ -256,5 +248,60 @@ dsv4_status dsv4_xfer_loss(dsv4_xfer *x, dsv4_exactsum *sum, int64_t *count) {
   }
 fail:
   free(all);
+  return rc;
+}
+
+/* ---- counted verbs (the weight gradients' messages) ---------------------------------------------- */
+
+dsv4_status dsv4_xfer_isend(dsv4_xfer *x, dsv4_msg_kind k, const void *buf, size_t bytes, int peer, int tag,
+                            dsv4_comm_req **req) {
+  dsv4_status rc = dsv4_comm_isend(x->comm, buf, bytes, peer, tag, req);
+  if (rc == DSV4_OK) account(x, k, bytes, 0, 1, 0);
+  return rc;
+}
+
+dsv4_status dsv4_xfer_irecv(dsv4_xfer *x, dsv4_msg_kind k, void *buf, size_t bytes, int peer, int tag,
+                            dsv4_comm_req **req) {
+  dsv4_status rc = dsv4_comm_irecv(x->comm, buf, bytes, peer, tag, req);
+  if (rc == DSV4_OK) account(x, k, 0, bytes, 0, 0);
+  return rc;
+}
+
+dsv4_status dsv4_xfer_wait(dsv4_xfer *x, dsv4_msg_kind k, dsv4_comm_req **reqs, int n) {
+  const double t0 = dsv4_xfer_now();
+  const dsv4_status rc = dsv4_comm_wait(x->comm, reqs, n);
+  account(x, k, 0, 0, 0, dsv4_xfer_now() - t0);
+  return rc;
+}
+
+dsv4_status dsv4_xfer_allgather(dsv4_xfer *x, dsv4_msg_kind k, const void *send, void *recv, size_t bytes) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_comm_req *rq = NULL;
+  const double t0 = dsv4_xfer_now();
+  DSV4_TRY(dsv4_comm_iallgather(x->comm, send, recv, bytes, &rq));
+  DSV4_TRY(dsv4_comm_wait(x->comm, &rq, 1));
+  const uint64_t vol = (uint64_t)bytes * (uint64_t)(x->comm->size - 1);
+  account(x, k, vol, vol, 1, dsv4_xfer_now() - t0);
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_xfer_reduce_scatter_i64(dsv4_xfer *x, dsv4_msg_kind k, const int64_t *send, int64_t *recv, size_t n) {
+  dsv4_status rc = DSV4_OK;
+  const double t0 = dsv4_xfer_now();
+  DSV4_TRY(dsv4_comm_reduce_scatter(x->comm, send, recv, n, DSV4_RED_I64));
+  const uint64_t vol = sizeof(int64_t) * (uint64_t)n * (uint64_t)(x->comm->size - 1);
+  account(x, k, vol, vol, 1, dsv4_xfer_now() - t0);
+fail:
+  return rc;
+}
+
+dsv4_status dsv4_xfer_allreduce_i64(dsv4_xfer *x, dsv4_msg_kind k, int64_t *buf, size_t n) {
+  dsv4_status rc = DSV4_OK;
+  const double t0 = dsv4_xfer_now();
+  DSV4_TRY(dsv4_comm_allreduce(x->comm, buf, n, DSV4_RED_I64, DSV4_RED_SUM));
+  const uint64_t vol = dsv4_xfer_allreduce_volume(sizeof(int64_t) * (uint64_t)n, x->comm->size);
+  account(x, k, vol, vol, 1, dsv4_xfer_now() - t0);
+fail:
   return rc;
 }

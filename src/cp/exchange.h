@@ -44,6 +44,9 @@ typedef struct {
 } dsv4_xfer;
 
 void dsv4_xfer_free(dsv4_xfer *x);
+/* The caller's dsv4_cp_stats (its struct_size) = src; one of 0.2.x's size keeps that layout (the
+ * kinds it knew). */
+dsv4_status dsv4_cp_stats_out(dsv4_cp_stats *dst, const dsv4_cp_stats *src);
 double dsv4_xfer_now(void);
 
 /* Collective, first of every forward: all ranks agree on the configuration (cfg_hash), the packing
@@ -73,13 +76,34 @@ void dsv4_xfer_progress(dsv4_xfer *x);
 /* Completes any started all-gather (the error path, before buffers go). */
 void dsv4_xfer_drain(dsv4_xfer *x);
 
-/* The backward of the all-gather: mine[0..n) = sum over ranks of all[rank * n ..]. Collective. */
-dsv4_status dsv4_xfer_reduce_scatter(dsv4_xfer *x, const float *all, float *mine, size_t n);
-/* The same over exact rows (util/xacc.h: rows x 2 w int64 per rank): the sums do not depend on N. */
+/* The backward of the all-gather, over exact rows (util/xacc.h: rows x 2 w int64 per rank):
+ * mine = the sum over ranks of all[rank * rows ..]; the sums do not depend on N. Collective. */
 dsv4_status dsv4_xfer_reduce_scatter_exact(dsv4_xfer *x, const int64_t *all, int64_t *mine, int64_t rows, int64_t w);
 
 /* The KL loss partials (exact) and valid counts summed over ranks, in place; every rank gets the
  * same bits, equal to the one-rank sum. Collective. */
 dsv4_status dsv4_xfer_loss(dsv4_xfer *x, dsv4_exactsum *sum, int64_t *count);
+
+/* ---- counted verbs: the backward's weight-gradient messages (model/wgrad.c) -----------------------
+ * The transport's verbs with the accounting above under kind k: a point-to-point send counts its
+ * bytes as sent and one message, a receive its bytes as received; dsv4_xfer_wait the time waited;
+ * an all-gather or reduce-scatter of B bytes per rank (N - 1) B each way and one message; an
+ * all-reduce of B bytes 2 (N - 1) B / N each way and one message (the ring's volume, as the
+ * agreement). x may be NULL (one rank: nothing to send). plan/traffic.c counts the same. */
+dsv4_status dsv4_xfer_isend(dsv4_xfer *x, dsv4_msg_kind k, const void *buf, size_t bytes, int peer, int tag,
+                            dsv4_comm_req **req);
+dsv4_status dsv4_xfer_irecv(dsv4_xfer *x, dsv4_msg_kind k, void *buf, size_t bytes, int peer, int tag,
+                            dsv4_comm_req **req);
+dsv4_status dsv4_xfer_wait(dsv4_xfer *x, dsv4_msg_kind k, dsv4_comm_req **reqs, int n);
+/* recv [N x bytes] = every rank's send; blocking. */
+dsv4_status dsv4_xfer_allgather(dsv4_xfer *x, dsv4_msg_kind k, const void *send, void *recv, size_t bytes);
+/* recv [n] = the sum over ranks of send [rank * n ..], int64 (exact). */
+dsv4_status dsv4_xfer_reduce_scatter_i64(dsv4_xfer *x, dsv4_msg_kind k, const int64_t *send, int64_t *recv, size_t n);
+/* buf [n] = its sum over ranks, int64 (exact). */
+dsv4_status dsv4_xfer_allreduce_i64(dsv4_xfer *x, dsv4_msg_kind k, int64_t *buf, size_t n);
+/* The accounted volume of an all-reduce of `bytes` over `size` ranks, each way (the planner's too). */
+static inline uint64_t dsv4_xfer_allreduce_volume(uint64_t bytes, int size) {
+  return size > 1 ? 2 * bytes * (uint64_t)(size - 1) / (uint64_t)size : 0;
+}
 
 #endif

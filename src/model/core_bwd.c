@@ -133,7 +133,7 @@ static void free_kept(dsv4_core_run *st) {
 
 dsv4_status dsv4_core_bwd_finish(dsv4_core *c) {
   free_kept(&c->run);
-  return dsv4_wsinks_finish(&c->run.sinks, c->xfer.comm);
+  return dsv4_wsinks_finish(&c->run.sinks, &c->xfer);
 }
 
 void dsv4_core_bwd_abort(dsv4_core *c) {

@@ -340,7 +340,7 @@ static dsv4_status wprod(dsv4_layer *l, float *C, int64_t M, int64_t N, const fl
   const dsv4_plan *p = l->plan;
   const dsv4_wpiece pc = {.n = p->n, .A = A, .lda = lda, .B = B, .ldb = ldb, .glob = p->global, .keep = keep};
   const dsv4_wshape ws = {M, N, p->panel, p->key.T};
-  return dsv4_wgrad_exact(l->core->xfer.comm, &ws, &pc, 1, C, l->impl, what);
+  return dsv4_wgrad_exact(&l->core->xfer, &ws, &pc, 1, C, l->impl, what);
 }
 
 static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads, const float *dout, float d_loss) {

@@ -87,8 +87,8 @@ dsv4_status dsv4_select_wgrad(const dsv4_stage_env *e, const float *d_qI, const 
   const dsv4_wpiece pw = {.n = p->n, .A = d_w, .lda = Hi, .B = x, .ldb = d, .glob = p->global};
   const dsv4_wpiece pq = {.n = p->n, .A = d_qI, .lda = Hi * Di, .B = qr, .ldb = dq, .glob = p->global};
   const dsv4_wshape sw = {Hi, d, p->panel, p->key.T}, sq = {Hi * Di, dq, p->panel, p->key.T};
-  DSV4_TRY(dsv4_wgrad_exact(e->x->comm, &sw, &pw, 1, dsv4_w(grads, W_I_PROJ), e->impl, "indexer weights_proj"));
-  DSV4_TRY(dsv4_wgrad_exact(e->x->comm, &sq, &pq, 1, dsv4_w(grads, W_I_WQ_B), e->impl, "indexer wq_b"));
+  DSV4_TRY(dsv4_wgrad_exact(e->x, &sw, &pw, 1, dsv4_w(grads, W_I_PROJ), e->impl, "indexer weights_proj"));
+  DSV4_TRY(dsv4_wgrad_exact(e->x, &sq, &pq, 1, dsv4_w(grads, W_I_WQ_B), e->impl, "indexer wq_b"));
 fail:
   return rc;
 }

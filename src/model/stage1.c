@@ -189,9 +189,9 @@ dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const dsv4_
     if (gate) pc[lay->n_seg + s].A = dZ + row * cD;
   }
   const dsv4_wshape ws = {cD, d, e->p->panel, e->p->key.T};
-  DSV4_TRY(dsv4_wgrad_exact(e->x->comm, &ws, pc, lay->n_seg, dsv4_w(grads, id.wkv), e->impl, "compressor wkv"));
+  DSV4_TRY(dsv4_wgrad_exact(e->x, &ws, pc, lay->n_seg, dsv4_w(grads, id.wkv), e->impl, "compressor wkv"));
   if (gate)
-    DSV4_TRY(dsv4_wgrad_exact(e->x->comm, &ws, pc + lay->n_seg, lay->n_seg, dsv4_w(grads, id.wgate), e->impl,
+    DSV4_TRY(dsv4_wgrad_exact(e->x, &ws, pc + lay->n_seg, lay->n_seg, dsv4_w(grads, id.wgate), e->impl,
                               "compressor wgate"));
   for (int s = 0; s < lay->n_seg; s++) {
     const dsv4_seg *sg = &lay->seg[s];
@@ -242,7 +242,7 @@ dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const int64_t *x_KI, c
     s0 += sg->n_own;
   }
   const dsv4_wshape ws = {Di, D, dsv4_panel_rows(p->docs.n_cmp), p->docs.n_cmp};
-  DSV4_TRY(dsv4_wgrad_exact(e->x->comm, &ws, pc, lay->n_seg, dsv4_w(grads, W_I_WK), e->impl, "indexer wk"));
+  DSV4_TRY(dsv4_wgrad_exact(e->x, &ws, pc, lay->n_seg, dsv4_w(grads, W_I_WK), e->impl, "indexer wk"));
 fail:
   free(t);
   free(pc);

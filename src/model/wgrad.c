@@ -14,19 +14,14 @@
 /* C blocks: at most BLOCK_COLS columns and about BLOCK_ELEMS elements: a block's exact sums (4 MiB)
  * stay in the last-level cache while every panel is added into them, and its products are large
  * enough to keep BLAS packing small (docs/perf.md: 256 KiB blocks paid more in packing than they
- * saved). Under CP, superblocks of SUPER_BLOCKS blocks (per rank count) are reduce-scattered at
- * once. */
+ * saved). (The message sizes: wgrad_int.h, which the planner shares.) */
 #define BLOCK_COLS 512
 #define BLOCK_ELEMS (1 << 18)
-#define SUPER_BLOCKS 4
-/* Elements of a product sink's sums converted to xacc pairs at once at finish (16 MiB). */
-#define DSUM_MSG (1 << 20)
 /* Message tags of the partial-panel rows (two per run: its A rows, its B rows). */
 #define WGRAD_TAG 21000
 #define WGRAD_TAGS 8000
-/* Partial runs a rank's first all-gather record holds (a rank has a few: its shard's two ends,
- * a zigzag rank's four, a batch's per sequence). */
-#define RUNS_INLINE 16
+/* The kind the rows' messages are counted under. */
+#define ROWS DSV4_MSG_WGRAD_ROWS
 
 typedef struct {
   int64_t panel;
@@ -85,41 +80,38 @@ static void pack_run(const dsv4_wshape *s, const wrun *r, float *A, float *B) {
 }
 
 /* Every rank's list of `mine` runs (pairs g0, len) to every rank: all[2 (r cmax + k)] is rank r's
- * k-th run, cnt[r] its count. One all-gather of a record of RUNS_INLINE runs (count first) usually
+ * k-th run, cnt[r] its count. One all-gather of a record of DSV4_WG_RUNS_INLINE runs (count first) usually
  * says it all; a second one, of the longest list, when some rank has more. Collective. */
-dsv4_status dsv4_wg_gather_lists(dsv4_comm *comm, const int64_t *pairs, int64_t mine, int64_t **all_out,
+dsv4_status dsv4_wg_gather_lists(dsv4_xfer *x, const int64_t *pairs, int64_t mine, int64_t **all_out,
                                  int64_t **cnt_out, int64_t *cmax_out, int64_t *total_out) {
   dsv4_status rc = DSV4_OK;
-  const int N = comm ? comm->size : 1;
+  const int N = dsv4_wg_size(x);
   int64_t *cnt = NULL, *meta = NULL, *all = NULL;
   DSV4_ALLOC(cnt, N);
-  int64_t cmax = mine > RUNS_INLINE ? mine : RUNS_INLINE, total = 0;
+  int64_t cmax = mine > DSV4_WG_RUNS_INLINE ? mine : DSV4_WG_RUNS_INLINE, total = 0;
   DSV4_ALLOC(meta, 1 + 2 * cmax);
   meta[0] = mine;
   memcpy(meta + 1, pairs, sizeof(int64_t) * (size_t)(2 * mine));
-  const int64_t rec = 1 + 2 * RUNS_INLINE;
+  const int64_t rec = 1 + 2 * DSV4_WG_RUNS_INLINE;
   DSV4_ALLOC(all, rec * N);
-  dsv4_comm_req *rq = NULL;
   if (N > 1) {
-    DSV4_TRY(dsv4_comm_iallgather(comm, meta, all, sizeof(int64_t) * (size_t)rec, &rq));
-    DSV4_TRY(dsv4_comm_wait(comm, &rq, 1));
+    DSV4_TRY(dsv4_xfer_allgather(x, DSV4_MSG_WGRAD_ROWS, meta, all, sizeof(int64_t) * (size_t)rec));
   } else {
     memcpy(all, meta, sizeof(int64_t) * (size_t)rec);
   }
   cmax = 0;
   for (int r = 0; r < N; r++) cnt[r] = all[r * rec], cmax = cnt[r] > cmax ? cnt[r] : cmax, total += cnt[r];
-  if (cmax > RUNS_INLINE) { /* the long lists (the same decision on every rank) */
+  if (cmax > DSV4_WG_RUNS_INLINE) { /* the long lists (the same decision on every rank) */
     free(all);
     all = NULL;
     DSV4_ALLOC(all, 2 * cmax * N);
     if (N > 1) {
-      DSV4_TRY(dsv4_comm_iallgather(comm, meta + 1, all, sizeof(int64_t) * (size_t)(2 * cmax), &rq));
-      DSV4_TRY(dsv4_comm_wait(comm, &rq, 1));
+      DSV4_TRY(dsv4_xfer_allgather(x, DSV4_MSG_WGRAD_ROWS, meta + 1, all, sizeof(int64_t) * (size_t)(2 * cmax)));
     } else {
       memcpy(all, meta + 1, sizeof(int64_t) * (size_t)(2 * cmax));
     }
   } else { /* compact the records to the same layout: rank r's runs at all[2 (r cmax + k)] */
-    cmax = RUNS_INLINE;
+    cmax = DSV4_WG_RUNS_INLINE;
     for (int r = 0; r < N; r++) memmove(all + 2 * r * cmax, all + r * rec + 1, sizeof(int64_t) * (size_t)(2 * cmax));
   }
   *all_out = all, *cnt_out = cnt, *cmax_out = cmax, *total_out = total;
@@ -133,10 +125,10 @@ fail:
 
 /* Partial runs (of every rank) to the owners of their panels (the rank holding the panel's first
  * row); this rank's owned panels assembled in global row order. Collective. */
-static dsv4_status gather_partials(dsv4_comm *comm, const dsv4_wshape *s, const wrun *runs, int64_t n_runs,
+static dsv4_status gather_partials(dsv4_xfer *x, const dsv4_wshape *s, const wrun *runs, int64_t n_runs,
                                    wpanel **out, int64_t *n_out) {
   dsv4_status rc = DSV4_OK;
-  const int N = comm ? comm->size : 1, me = comm ? comm->rank : 0;
+  const int N = dsv4_wg_size(x), me = x ? x->comm->rank : 0;
   const int64_t n_panels = (s->T + s->P - 1) / s->P;
   int64_t *cnt = NULL, *meta = NULL, *all = NULL, *owner = NULL, *slot = NULL;
   float *sendbuf = NULL;
@@ -150,7 +142,7 @@ static dsv4_status gather_partials(dsv4_comm *comm, const dsv4_wshape *s, const 
     if (!run_full(s, &runs[j])) meta[2 * k] = runs[j].g0, meta[2 * k + 1] = runs[j].len, k++;
   *out = NULL;
   *n_out = 0;
-  DSV4_TRY(dsv4_wg_gather_lists(comm, meta, mine, &all, &cnt, &cmax, &total));
+  DSV4_TRY(dsv4_wg_gather_lists(x, meta, mine, &all, &cnt, &cmax, &total));
   if (total == 0) goto fail; /* rc OK: nothing straddles */
   /* the owner of a panel: the rank with its lowest row among the partial runs */
   DSV4_ALLOC(owner, n_panels);
@@ -193,8 +185,8 @@ static dsv4_status gather_partials(dsv4_comm *comm, const dsv4_wshape *s, const 
       w->have += len;
       if (r == me) continue;
       const int64_t at = g0 - p * s->P;
-      DSV4_TRY(dsv4_comm_irecv(comm, w->A + at * s->M, sizeof(float) * (size_t)(len * s->M), r, tag, &reqs[n_req++]));
-      DSV4_TRY(dsv4_comm_irecv(comm, w->B + at * s->N, sizeof(float) * (size_t)(len * s->N), r, tag + 1,
+      DSV4_TRY(dsv4_xfer_irecv(x, ROWS, w->A + at * s->M, sizeof(float) * (size_t)(len * s->M), r, tag, &reqs[n_req++]));
+      DSV4_TRY(dsv4_xfer_irecv(x, ROWS, w->B + at * s->N, sizeof(float) * (size_t)(len * s->N), r, tag + 1,
                                &reqs[n_req++]));
     }
     base += cnt[r];
@@ -215,11 +207,11 @@ static dsv4_status gather_partials(dsv4_comm *comm, const dsv4_wshape *s, const 
     float *a = sb, *b = sb + ru->len * s->M;
     pack_run(s, ru, a, b);
     sb = b + ru->len * s->N;
-    DSV4_TRY(dsv4_comm_isend(comm, a, sizeof(float) * (size_t)(ru->len * s->M), (int)owner[p], tag, &reqs[n_req++]));
-    DSV4_TRY(dsv4_comm_isend(comm, b, sizeof(float) * (size_t)(ru->len * s->N), (int)owner[p], tag + 1,
+    DSV4_TRY(dsv4_xfer_isend(x, ROWS, a, sizeof(float) * (size_t)(ru->len * s->M), (int)owner[p], tag, &reqs[n_req++]));
+    DSV4_TRY(dsv4_xfer_isend(x, ROWS, b, sizeof(float) * (size_t)(ru->len * s->N), (int)owner[p], tag + 1,
                              &reqs[n_req++]));
   }
-  if (n_req) DSV4_TRY(dsv4_comm_wait(comm, reqs, (int)n_req));
+  if (n_req) DSV4_TRY(dsv4_xfer_wait(x, ROWS, reqs, (int)n_req));
   n_req = 0;
   for (int64_t q = 0; q < n_pan; q++)
     DSV4_CHECK(pan[q].have == extent(s, pan[q].panel), DSV4_ERR_STATE,
@@ -229,7 +221,7 @@ static dsv4_status gather_partials(dsv4_comm *comm, const dsv4_wshape *s, const 
   *n_out = n_pan;
   pan = NULL;
 fail:
-  if (n_req && comm) dsv4_comm_wait(comm, reqs, (int)n_req);
+  if (n_req && x) dsv4_comm_wait(x->comm, reqs, (int)n_req);
   for (int64_t q = 0; pan && q < n_pan; q++) free(pan[q].A), free(pan[q].B);
   free(pan);
   free(cnt);
@@ -370,12 +362,12 @@ static void scratch_release(void) {
   memset(&kept, 0, sizeof kept);
 }
 
-static dsv4_status allreduce_i64(dsv4_comm *comm, int64_t *x, size_t n) {
-  if (!comm || comm->size < 2 || n == 0) return DSV4_OK;
-  return dsv4_comm_allreduce(comm, x, n, DSV4_RED_I64, DSV4_RED_SUM);
+static dsv4_status allreduce_i64(dsv4_xfer *x, int64_t *v, size_t n) {
+  if (dsv4_wg_size(x) < 2 || n == 0) return DSV4_OK;
+  return dsv4_xfer_allreduce_i64(x, DSV4_MSG_WGRAD_SUMS, v, n);
 }
 
-dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *shape, const dsv4_wpiece *pc, int n_pc, float *C,
+dsv4_status dsv4_wgrad_exact(dsv4_xfer *x, const dsv4_wshape *shape, const dsv4_wpiece *pc, int n_pc, float *C,
                              dsv4_impl impl, const char *what) {
   dsv4_status rc = DSV4_OK;
   const dsv4_wshape *s = shape;
@@ -387,73 +379,73 @@ dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *shape, const ds
   int bad = 0;
   if (s->M <= 0 || s->N <= 0) return DSV4_OK;
   DSV4_TRY(runs_of(s, pc, n_pc, &runs, &n_runs));
-  if (comm && dsv4_wg_rows_cheaper(s, comm->size)) { /* short streams: rows cross, not sums (wgrad_rows.c) */
-    DSV4_TRY(dsv4_wg_by_rows(comm, s, runs, n_runs, C, impl, &bad));
+  if (dsv4_wg_rows_cheaper(s, dsv4_wg_size(x))) { /* short streams: rows cross, not sums (wgrad_rows.c) */
+    DSV4_TRY(dsv4_wg_by_rows(x, s, runs, n_runs, C, impl, &bad));
     DSV4_CHECK(!bad, DSV4_ERR_ARG, "%s: a weight-gradient term is not finite or not below 2^24 (the exact sums' range)",
                what);
     goto fail;
   }
-  DSV4_TRY(gather_partials(comm, s, runs, n_runs, &pan, &n_pan));
+  DSV4_TRY(gather_partials(x, s, runs, n_runs, &pan, &n_pan));
   DSV4_TRY(views_of(s, runs, n_runs, pan, n_pan, &views, &n_views));
   const blocking bl = dsv4_wg_blocks(s);
   const int nt = dsv4_nthreads();
   const int64_t nblocks = bl.bm * bl.bn, per = bl.mb * 2 * bl.nb;
   const int64_t tper = dsv4_wg_tfloats(&bl, s->P);
   /* One rank: each block's value added to C as it is summed (sums in memory, one block per thread,
-   * only past one group of panels). N ranks: superblocks of N x kpr blocks, each rank's sums
-   * reduce-scattered to the rank that rounds kpr of the blocks, whose floats are then all-gathered:
-   * 16 + 4 bytes per element and rank instead of an all-reduce's 2 x 16. */
-  const int one = !comm || comm->size < 2, N = one ? 1 : comm->size, me = one ? 0 : comm->rank;
-  const int64_t kpr = one ? SUPER_BLOCKS : (SUPER_BLOCKS / N > 1 ? SUPER_BLOCKS / N : 1), sb = N * kpr;
-  const int64_t slice = kpr * per + 1, mbnb = bl.mb * bl.nb, fslice = kpr * mbnb + 1;
-  const int64_t n_acc = one ? (n_views > dsv4_wg_group() ? per * nt : 0) : N * slice + slice;
-  DSV4_TRY(scratch(n_acc, tper * nt + (one ? 0 : (int64_t)N * fslice + fslice), &acc, &tb));
-  int64_t *mine = one ? NULL : acc + N * slice;
-  float *fall = one ? NULL : tb + tper * nt, *fmine = one ? NULL : fall + (int64_t)N * fslice;
+   * only past one group of panels). N ranks: superblocks of DSV4_WG_SUPER_BLOCKS blocks whose exact
+   * sums are reduce-scattered in N equal slices of rows, each rank rounding its slice, whose floats
+   * are then all-gathered: 16 + 4 bytes per element and rank instead of an all-reduce's 2 x 16, and
+   * a superblock's memory whatever N (wgrad_int.h, dsv4_wg_super). */
+  const int one = dsv4_wg_size(x) < 2, N = one ? 1 : x->comm->size, me = one ? 0 : x->comm->rank;
+  const int64_t sbk = DSV4_WG_SUPER_BLOCKS, w2 = 2 * bl.nb;
+  const wsuper sup = dsv4_wg_super(&bl, sbk, N);
+  const int64_t n_acc = one ? (n_views > dsv4_wg_group() ? per * nt : 0) : (N + 1) * sup.rows * w2;
+  DSV4_TRY(scratch(n_acc, tper * nt + (one ? 0 : (int64_t)(N + 1) * sup.fslice), &acc, &tb));
+  int64_t *mine = one ? NULL : acc + N * sup.rows * w2;
+  float *fall = one ? NULL : tb + tper * nt, *fmine = one ? NULL : fall + (int64_t)N * sup.fslice;
   int64_t any_bad = 0;
-  for (int64_t b0 = 0; b0 < nblocks; b0 += sb) {
-    const int64_t nbk = nblocks - b0 < sb ? nblocks - b0 : sb;
+  for (int64_t b0 = 0; b0 < nblocks; b0 += sbk) {
+    const int64_t nbk = nblocks - b0 < sbk ? nblocks - b0 : sbk;
     bad = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(| : bad)
-    for (int64_t j = 0; j < (one ? nbk : sb); j++) {
+    for (int64_t j = 0; j < nbk; j++) {
       const int id = dsv4_thread_id();
-      int64_t *a = one ? (acc ? acc + id * per : NULL) : acc + (j / kpr) * slice + (j % kpr) * per;
-      if (j >= nbk) { /* the last superblock's missing blocks: zero sums */
-        memset(a, 0, sizeof(int64_t) * (size_t)per);
-        continue;
-      }
-      dsv4_blas_serial();
       const wblock k = dsv4_wg_block(s, &bl, b0 + j);
-      bad |= dsv4_wg_block_sum(views, n_views, k.m0, k.mb, k.n0, k.nb, tb + id * tper, a, k.nb, 1,
+      /* N ranks: block j's rows at row j mb of the superblock, hi then lo at bl.nb (an edge block's
+       * unused entries zero: they travel too) */
+      int64_t *a = one ? (acc ? acc + id * per : NULL) : acc + j * bl.mb * w2;
+      if (!one && (k.mb < bl.mb || k.nb < bl.nb)) memset(a, 0, sizeof(int64_t) * (size_t)(bl.mb * w2));
+      dsv4_blas_serial();
+      bad |= dsv4_wg_block_sum(views, n_views, k.m0, k.mb, k.n0, k.nb, tb + id * tper, a, one ? k.nb : bl.nb, 1,
                                one ? C + k.m0 * s->N + k.n0 : NULL, s->N, 1, impl);
     }
     if (one) {
       any_bad |= bad;
       continue;
     }
-    for (int r = 0; r < N; r++) acc[r * slice + kpr * per] = bad != 0; /* the flags travel with the sums */
-    DSV4_TRY(dsv4_comm_reduce_scatter(comm, acc, mine, (size_t)slice, DSV4_RED_I64));
-    for (int64_t q = 0; q < kpr; q++) { /* this rank's blocks, rounded once */
-      const int64_t j = me * kpr + q;
-      if (j >= nbk) continue;
-      const wblock k = dsv4_wg_block(s, &bl, b0 + j);
-      for (int64_t r = 0; r < k.mb; r++) {
-        int64_t *h = mine + q * per + r * 2 * k.nb;
-        dsv4_xacc_normalize(h, h + k.nb, k.nb);
-        dsv4_xacc_store(fmine + q * mbnb + r * k.nb, h, h + k.nb, k.nb, 0);
-      }
+    const wsuper sp = dsv4_wg_super(&bl, nbk, N); /* the last one may be smaller */
+    const int64_t rows = nbk * bl.mb;
+    memset(acc + rows * w2, 0, sizeof(int64_t) * (size_t)((N * sp.rows - rows) * w2)); /* the slices' padding */
+    DSV4_TRY(dsv4_xfer_reduce_scatter_i64(x, DSV4_MSG_WGRAD_SUMS, acc, mine, (size_t)(sp.rows * w2)));
+    for (int64_t i = 0; i < sp.rows && me * sp.rows + i < rows; i++) { /* this rank's rows, rounded once */
+      const int64_t g = me * sp.rows + i;
+      const wblock k = dsv4_wg_block(s, &bl, b0 + g / bl.mb);
+      if (g % bl.mb >= k.mb) continue;
+      int64_t *h = mine + i * w2;
+      dsv4_xacc_normalize(h, h + bl.nb, k.nb);
+      dsv4_xacc_store(fmine + i * bl.nb, h, h + bl.nb, k.nb, 0);
     }
-    fmine[kpr * mbnb] = (float)mine[kpr * per];
-    dsv4_comm_req *rq = NULL;
-    DSV4_TRY(dsv4_comm_iallgather(comm, fmine, fall, sizeof(float) * (size_t)fslice, &rq));
-    DSV4_TRY(dsv4_comm_wait(comm, &rq, 1));
-    any_bad |= fall[kpr * mbnb] != 0.0f;
+    fmine[sp.fslice - 1] = (float)(bad != 0); /* every rank's flag travels with its floats */
+    DSV4_TRY(dsv4_xfer_allgather(x, DSV4_MSG_WGRAD_ALLGATHER, fmine, fall, sizeof(float) * (size_t)sp.fslice));
+    for (int q = 0; q < N; q++) any_bad |= fall[(int64_t)q * sp.fslice + sp.fslice - 1] != 0.0f;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t j = 0; j < nbk; j++) {
       const wblock k = dsv4_wg_block(s, &bl, b0 + j);
-      const float *v = fall + (j / kpr) * fslice + (j % kpr) * mbnb;
-      for (int64_t r = 0; r < k.mb; r++)
-        for (int64_t e = 0; e < k.nb; e++) C[(k.m0 + r) * s->N + k.n0 + e] += v[r * k.nb + e];
+      for (int64_t r = 0; r < k.mb; r++) {
+        const int64_t g = j * bl.mb + r;
+        const float *v = fall + (g / sp.rows) * sp.fslice + (g % sp.rows) * bl.nb;
+        for (int64_t e = 0; e < k.nb; e++) C[(k.m0 + r) * s->N + k.n0 + e] += v[e];
+      }
     }
   }
   DSV4_CHECK(!any_bad, DSV4_ERR_ARG,
@@ -502,13 +494,28 @@ uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int
   const int64_t d = cf->dim, P = dsv4_panel_rows(T), panels = (T + P - 1) / P;
   const uint64_t sums = (uint64_t)BLOCK_ELEMS * 2 * sizeof(int64_t); /* one block's */
   const uint64_t nthr = (uint64_t)(threads > 1 ? threads : 1);
-  const uint64_t streamed = ranks > 1 ? (uint64_t)SUPER_BLOCKS * sums * 2 : panels > DSV4_WG_GROUP ? sums * nthr : 0;
+  /* under CP a superblock's sums and floats (dsv4_wgrad_exact), of the largest block */
+  const blocking big = {BLOCK_ELEMS / BLOCK_COLS, BLOCK_COLS, 1, 1};
+  const wsuper sp = dsv4_wg_super(&big, DSV4_WG_SUPER_BLOCKS, ranks);
+  const uint64_t super = (uint64_t)(ranks + 1) * ((uint64_t)sp.rows * 2 * BLOCK_COLS * sizeof(int64_t) +
+                                                  (uint64_t)sp.fslice * sizeof(float));
+  const uint64_t streamed = ranks > 1 ? super : panels > DSV4_WG_GROUP ? sums * nthr : 0;
   uint64_t sinks = 0, rows = 0;
   keep_costs(cf, selects, n, &sinks, &rows);
   const int keep = dsv4_wgrad_keep_rows(cf, selects, n);
-  const uint64_t kept = recompute ? (keep ? rows : sinks + (uint64_t)DSUM_MSG * 2 * sizeof(int64_t)) : 0;
   /* the products that move rows instead of sums (one at a time): the largest one's buffers */
   const int64_t H = cf->n_heads, D = cf->head_dim, G = cf->o_groups, Ro = cf->o_lora_rank, dq = cf->q_lora_rank;
+  /* with sinks, one product's chunk at a time at finish (dsum_store): the largest */
+  const int64_t Hi = cf->index_n_heads, HiDi = Hi * cf->index_head_dim;
+  const int64_t sink_shapes[4][2] = {{Ro, (H / G) * D}, {H * D, dq}, {HiDi, dq}, {Hi, d}};
+  uint64_t chunk = 0;
+  for (int i = 0; i < (selects ? 4 : 2); i++) {
+    const int64_t w = sink_shapes[i][1];
+    const wdsum ds = dsv4_wg_dsum(sink_shapes[i][0], w, ranks > 1 ? ranks : 1);
+    const uint64_t b = (uint64_t)((ranks > 1 ? ranks : 1) + 1) * (uint64_t)(ds.slice * w) * (2 * sizeof(int64_t) + sizeof(float));
+    chunk = b > chunk ? b : chunk;
+  }
+  const uint64_t kept = recompute ? (keep ? rows : sinks + chunk) : 0;
   const dsv4_wshape shapes[] = {{d, G * Ro, P, T}, {D, d, P, T}, {dq, d, P, T}, {Ro, (H / G) * D, P, T},
                                 {H * D, dq, P, T}, {(int64_t)cf->index_n_heads * cf->index_head_dim, dq, P, T},
                                 {cf->index_n_heads, d, P, T}};
@@ -723,20 +730,33 @@ static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview 
   return bad;
 }
 
-/* Product sink k's sums, all-reduced, rounded once and added to its tensor (its registered value),
- * in messages of at most DSUM_MSG elements. Collective. */
-static dsv4_status dsum_store(dsv4_wsink *k, dsv4_comm *comm) {
+/* Product sink k's sums, summed over the ranks, rounded once and added to its tensor (its registered
+ * value), DSV4_WG_DSUM_MSG elements at a time: each chunk's rows are reduce-scattered in N equal
+ * slices (wgrad_int.h dsv4_wg_dsum), each rank rounds its slice and the floats are all-gathered
+ * (16 + 4 bytes per element and rank, not an all-reduce's 2 x 16; any cut of the rows gives the
+ * same bits: every element is rounded once from the same integer sum). Collective. */
+static dsv4_status dsum_store(dsv4_wsink *k, dsv4_xfer *xf) {
   dsv4_status rc = DSV4_OK;
   const blocking bl = dsv4_wg_blocks(&k->shape);
-  const int64_t w = k->w, rows = k->n / w, step = DSUM_MSG / w > 1 ? DSUM_MSG / w : 1;
+  const int N = dsv4_wg_size(xf), me = N > 1 ? xf->comm->rank : 0;
+  const int64_t w = k->w, rows = k->n / w;
+  const wdsum ds = dsv4_wg_dsum(rows, w, N);
   int64_t *x = NULL;
-  DSV4_ALLOC(x, (step < rows ? step : rows) * 2 * w);
-  for (int64_t r0 = 0; r0 < rows; r0 += step) {
-    const int64_t nr = rows - r0 < step ? rows - r0 : step;
+  float *f = NULL;
+  DSV4_ALLOC(x, (int64_t)(N + 1) * ds.slice * 2 * w);
+  DSV4_ALLOC(f, (int64_t)(N + 1) * ds.slice * w);
+  int64_t *mine = x + (int64_t)N * ds.slice * 2 * w;
+  float *fmine = f + (int64_t)N * ds.slice * w;
+  for (int64_t r0 = 0; r0 < rows; r0 += ds.step) {
+    const int64_t nr = rows - r0 < ds.step ? rows - r0 : ds.step, R = (nr + N - 1) / N;
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < nr; r++) {
+    for (int64_t r = 0; r < N * R; r++) {
       const int64_t gr = r0 + r, bi = gr / bl.mb;
       int64_t *h = x + r * 2 * w;
+      if (r >= nr) { /* the last slice's padding */
+        memset(h, 0, sizeof(int64_t) * (size_t)(2 * w));
+        continue;
+      }
       for (int64_t j = 0; j < bl.bn; j++) {
         const wblock q = dsv4_wg_block(&k->shape, &bl, bi * bl.bn + j);
         const int64_t *p = k->promo[bi * bl.bn + j];
@@ -750,16 +770,30 @@ static dsv4_status dsum_store(dsv4_wsink *k, dsv4_comm *comm) {
      * (and the lent tensor's floats that held their low halves, for its own product) */
     if (dhi_in_out(k)) memset(k->out + r0 * w, 0, sizeof(float) * (size_t)(nr * w));
     if (k->lo_lent) memset((void *)(k->dlo + r0 * w), 0, sizeof(float) * (size_t)(nr * w));
-    DSV4_TRY(allreduce_i64(comm, x, (size_t)(nr * 2 * w)));
+    if (N > 1) DSV4_TRY(dsv4_xfer_reduce_scatter_i64(xf, DSV4_MSG_WGRAD_SUMS, x, mine, (size_t)(R * 2 * w)));
+    else mine = x;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < R; r++) { /* this rank's rows, rounded once */
+      if (me * R + r >= nr) continue;
+      int64_t *h = mine + r * 2 * w;
+      dsv4_xacc_normalize(h, h + w, w);
+      dsv4_xacc_store(fmine + r * w, h, h + w, w, 0);
+    }
+    const float *all = fmine;
+    if (N > 1) {
+      DSV4_TRY(dsv4_xfer_allgather(xf, DSV4_MSG_WGRAD_ALLGATHER, fmine, f, sizeof(float) * (size_t)(R * w)));
+      all = f;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; r++) {
-      int64_t *h = x + r * 2 * w;
-      dsv4_xacc_normalize(h, h + w, w);
-      dsv4_xacc_store(k->out + (r0 + r) * w, h, h + w, w, 1);
+      float *o = k->out + (r0 + r) * w;
+      const float *v = all + r * w; /* rank r / R's slice, row r % R: consecutive */
+      for (int64_t e = 0; e < w; e++) o[e] += v[e];
     }
   }
 fail:
   free(x);
+  free(f);
   return rc;
 }
 
@@ -862,14 +896,14 @@ fail:
 }
 
 /* A product sink's kept rows: to their panels' owners, added there. Collective. */
-static dsv4_status finish_partials(dsv4_wsinks *s, dsv4_wsink *k, dsv4_comm *comm) {
+static dsv4_status finish_partials(dsv4_wsinks *s, dsv4_wsink *k, dsv4_xfer *x) {
   dsv4_status rc = DSV4_OK;
   wrun *runs = NULL;
   wpanel *pan = NULL;
   int64_t n_runs = 0, n_pan = 0;
   const dsv4_wpiece pc = {.n = k->ns, .A = k->sa, .B = k->sb, .lda = k->shape.M, .ldb = k->shape.N, .glob = k->sg};
   DSV4_TRY(runs_of(&k->shape, &pc, 1, &runs, &n_runs));
-  DSV4_TRY(gather_partials(comm, &k->shape, runs, n_runs, &pan, &n_pan));
+  DSV4_TRY(gather_partials(x, &k->shape, runs, n_runs, &pan, &n_pan));
   /* kept rows of consecutive chunks may fill a panel by themselves: those runs are full here */
   s->bad |= add_all(k, runs, n_runs, pan, n_pan, s->impl, &rc);
 fail:
@@ -909,7 +943,7 @@ static void release(dsv4_wsinks *s, int restore) {
   s->active = 0;
 }
 
-/* Sink k's sums (all-reduced) into its tensor: registered value + sum, rounded once. */
+/* Vector sink k's sums (all-reduced) into its tensor: registered value + sum, rounded once. */
 static void store_sink(dsv4_wsink *k) {
   const int64_t rows = k->n / k->w;
 #pragma omp parallel for schedule(static)
@@ -920,7 +954,7 @@ static void store_sink(dsv4_wsink *k) {
   }
 }
 
-dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_comm *comm) {
+dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_xfer *x) {
   dsv4_status rc = DSV4_OK;
   int64_t *vec = NULL, nv = 0;
   if (active_sinks == s) active_sinks = NULL;
@@ -929,7 +963,7 @@ dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_comm *comm) {
   for (int i = 0; i < s->count; i++) {
     dsv4_wsink *k = &s->s[i];
     DSV4_TRY(dsv4_wsinks_settle(s, k)); /* local ones' sums outlive this set when external */
-    if (k->dlo) DSV4_TRY(finish_partials(s, k, comm));
+    if (k->dlo) DSV4_TRY(finish_partials(s, k, x));
   }
   /* the vector sinks in one message, with the ranks' bad-term flags */
   for (int i = 0; i < s->count; i++)
@@ -940,11 +974,11 @@ dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_comm *comm) {
     if (!s->s[i].local && s->s[i].shape.M == 0)
       memcpy(vec + at, s->s[i].acc, sizeof(int64_t) * (size_t)(2 * s->s[i].n)), at += 2 * s->s[i].n;
   vec[nv] = s->bad != 0;
-  DSV4_TRY(allreduce_i64(comm, vec, (size_t)(nv + 1)));
+  DSV4_TRY(allreduce_i64(x, vec, (size_t)(nv + 1)));
   DSV4_CHECK(!vec[nv], DSV4_ERR_ARG, "%s: a gradient term is not finite or not below 2^24 (the exact sums' range)",
              s->what);
   for (int i = 0; i < s->count; i++)
-    if (s->s[i].dlo) DSV4_TRY(dsum_store(&s->s[i], comm));
+    if (s->s[i].dlo) DSV4_TRY(dsum_store(&s->s[i], x));
   at = 0;
   for (int i = 0; i < s->count; i++)
     if (!s->s[i].local && s->s[i].shape.M == 0) {

@@ -15,12 +15,12 @@
  * Two ways in:
  *   dsv4_wgrad_exact   every row of the product is at hand (the default mode's deferred products,
  *                      the key and compressor weights): streamed block by block of C, each block's
- *                      sums all-reduced and rounded at once; memory: a few blocks.
+ *                      sums summed over the ranks and rounded at once; memory: a few blocks.
  *   dsv4_wsinks        sums that grow over calls (a recomputed backward's per-chunk products, the
  *                      vector gradients every operator adds into): one exact accumulator per
  *                      registered gradient tensor (16 bytes per element; a product's: doubles
  *                      while exact, 8, half or all of them in zero gradient tensors),
- *                      all-reduced and rounded by dsv4_wsinks_finish. While
+ *                      summed over the ranks and rounded by dsv4_wsinks_finish. While
  *                      sinks are active, an operator's exact row sums (util/xrows.h
  *                      dsv4_xrows_finish) into a registered tensor land in its accumulator
  *                      instead of being rounded. */
@@ -29,8 +29,9 @@
 
 #include <stdint.h>
 
-#include "cp/comm.h"
+#include "cp/exchange.h"
 #include "dsv4cp.h"
+#include "plan/plan.h"
 
 /* Rows of one product C [M, N] += sum_i A_i^T B_i: n local rows, row i of A at A + i lda and of B
  * at B + i ldb, global index glob[i] (consecutive inside a piece), keep[i] == 0: the row's A is
@@ -49,10 +50,11 @@ typedef struct {
                    sequence) */
 } dsv4_wshape;
 
-/* Collective over comm (NULL: one rank): C += the rank-summed gradient of the pieces. A bad term
+/* Collective over x's communicator (x NULL: one rank; its messages are counted in x's stats under
+ * the DSV4_MSG_WGRAD_* kinds): C += the rank-summed gradient of the pieces. A bad term
  * (non-finite, or a panel's product not below 2^24) on any rank fails every rank, naming `what`;
  * C may then hold some blocks' sums. */
-dsv4_status dsv4_wgrad_exact(dsv4_comm *comm, const dsv4_wshape *s, const dsv4_wpiece *pc, int n_pc, float *C,
+dsv4_status dsv4_wgrad_exact(dsv4_xfer *x, const dsv4_wshape *s, const dsv4_wpiece *pc, int n_pc, float *C,
                              dsv4_impl impl, const char *what);
 
 /* A recomputed backward (no q, o kept) of n local rows keeps the rows of its chunk-by-chunk weight
@@ -70,6 +72,13 @@ int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n);
 uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int threads, int64_t n, int64_t T,
                           int ranks);
 
+/* The planner's count of the messages of one layer backward's weight gradients on each of `size`
+ * ranks (lays: every rank's layout of the layer's plan; docs its document table), added to out[q]
+ * under the DSV4_MSG_WGRAD_* kinds: what dsv4_wgrad_exact and dsv4_wsinks_finish send for that
+ * layer (wgrad_plan.c), with or without recomputation. */
+dsv4_status dsv4_wgrad_traffic(const dsv4_config *cf, const dsv4_layer_info *in, const dsv4_docs *docs,
+                               const dsv4_layout *lays, int size, int recompute, dsv4_cp_stats *out);
+
 #define DSV4_WSINKS_MAX 40
 
 /* 32 bits that may live in a float's storage (a product sink's high halves in its tensor) */
@@ -81,7 +90,7 @@ typedef struct {
   int64_t n, w;      /* elements; accumulator row width */
   int64_t *acc;      /* [n / w rows] x [2 w]: xacc rows */
   int external;      /* acc belongs to the caller (shared across layer calls): not freed */
-  int local;         /* an intermediate sum: not all-reduced, not stored (its user reads acc) */
+  int local;         /* an intermediate sum: not summed over ranks, not stored (its user reads acc) */
   dsv4_wshape shape; /* product sinks (M > 0): rows of partial panels kept for finish */
   dsv4_u32a *dlo;    /* product sinks: [M, N] exact sums as doubles (wgrad.c "double sums"; acc NULL): */
   dsv4_u32a *dhi;    /* each double's low and high 32 bits; dhi is out's own storage (cast) when out
@@ -131,9 +140,9 @@ dsv4_status dsv4_wsinks_terms(dsv4_wsinks *s, const float *out, const float *t, 
 dsv4_status dsv4_wsinks_product(dsv4_wsinks *s, float *C, const dsv4_wpiece *pc);
 /* A local sink's floats (what a reference path added to out) into its sums; out zeroed. */
 dsv4_status dsv4_wsinks_settle(dsv4_wsinks *s, dsv4_wsink *k);
-/* Collective: partial panels to their owners, sums all-reduced, every non-local tensor set to
+/* Collective: partial panels to their owners, sums summed over the ranks, every non-local tensor set to
  * its registered value + the sum (rounded once); frees; the set is inactive after. */
-dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_comm *comm);
+dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_xfer *x);
 /* Frees without storing (error paths). */
 void dsv4_wsinks_drop(dsv4_wsinks *s);
 

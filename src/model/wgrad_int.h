@@ -2,7 +2,23 @@
 #ifndef DSV4_WGRAD_INT_H
 #define DSV4_WGRAD_INT_H
 
+#include "cp/exchange.h"
 #include "wgrad.h"
+
+/* What the messages are made of (wgrad.c, wgrad_rows.c; wgrad_plan.c counts the same):
+ *   DSV4_WG_SUPER_BLOCKS  blocks of C whose sums one rank rounds per superblock (N ranks: N times
+ *                         as many blocks are reduce-scattered at once, then all-gathered as floats)
+ *   DSV4_WG_DSUM_MSG      elements of a product sink's sums summed over the ranks at once at
+ *                         finish (16 MiB of int64 pairs)
+ *   DSV4_WG_RUNS_INLINE   runs a rank's first run-list all-gather record holds (a rank has a few:
+ *                         its shard's two ends, a zigzag rank's four, a batch's per sequence); a
+ *                         second all-gather of the longest list when some rank has more */
+#define DSV4_WG_SUPER_BLOCKS 4
+#define DSV4_WG_DSUM_MSG (1 << 20)
+#define DSV4_WG_RUNS_INLINE 16
+
+/* Ranks of the transport (NULL: one). */
+static inline int dsv4_wg_size(const dsv4_xfer *x) { return x ? x->comm->size : 1; }
 
 /* Consecutive local rows of one global panel: row i's A at A + i lda, B at B + i ldb; keep: NULL
  * or the rows' padding mask (0: A counts as zero). */
@@ -25,6 +41,30 @@ static inline int64_t extent(const dsv4_wshape *s, int64_t panel) {
 }
 
 blocking dsv4_wg_blocks(const dsv4_wshape *s);
+
+/* A superblock of nbk blocks under CP (N > 1): its sums are nbk bl.mb rows of 2 bl.nb int64 (a
+ * block's row: hi, then lo at bl.nb), reduce-scattered in N slices of `rows` rows (the last ones
+ * padded with zeros); each rank rounds its slice into fslice floats (rows x bl.nb, then its bad-term
+ * flag), which are all-gathered. */
+typedef struct {
+  int64_t rows, fslice;
+} wsuper;
+static inline wsuper dsv4_wg_super(const blocking *bl, int64_t nbk, int N) {
+  const int64_t rows = (nbk * bl->mb + N - 1) / N;
+  return (wsuper){rows, rows * bl->nb + 1};
+}
+
+/* A product sink's rows at finish (wgrad.c dsum_store) go in chunks of `step` rows (about
+ * DSV4_WG_DSUM_MSG elements), each reduce-scattered in N slices of ceil(rows / N) rows (slice: the
+ * largest), rounded by the slice's rank and all-gathered as floats. */
+typedef struct {
+  int64_t step, slice;
+} wdsum;
+static inline wdsum dsv4_wg_dsum(int64_t rows, int64_t w, int N) {
+  int64_t step = DSV4_WG_DSUM_MSG / w > 1 ? DSV4_WG_DSUM_MSG / w : 1;
+  if (step > rows) step = rows > 0 ? rows : 1;
+  return (wdsum){step, (step + N - 1) / N};
+}
 
 /* Block b of grid bl: its first row and column and its extent (the last ones are cut at M, N). */
 typedef struct {
@@ -72,7 +112,7 @@ int dsv4_wg_block_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_
                       int64_t *acc, int64_t wacc, int fresh, float *out, int64_t ldo, int beta, dsv4_impl impl);
 /* Every rank's list of `mine` runs (pairs g0, len): rank r's k-th at all[2 (r cmax + k)], cnt[r]
  * of them, total in all. Collective. */
-dsv4_status dsv4_wg_gather_lists(dsv4_comm *comm, const int64_t *pairs, int64_t mine, int64_t **all,
+dsv4_status dsv4_wg_gather_lists(dsv4_xfer *x, const int64_t *pairs, int64_t mine, int64_t **all,
                                  int64_t **cnt, int64_t *cmax, int64_t *total);
 
 /* Whether moving rows beats reducing sums for this product on N ranks (the same answer on every
@@ -80,10 +120,13 @@ dsv4_status dsv4_wg_gather_lists(dsv4_comm *comm, const int64_t *pairs, int64_t 
 int dsv4_wg_rows_cheaper(const dsv4_wshape *s, int N);
 /* The most bytes dsv4_wg_by_rows holds for this product on a rank of `mine` rows (0: the sums path). */
 uint64_t dsv4_wg_rows_bytes(const dsv4_wshape *s, int N, int64_t mine, int threads);
+/* What dsv4_wg_by_rows sends on each of N ranks holding nrows[q] rows of the product, added to
+ * out[q] (the planner's count; the run lists' all-gathers are the caller's). */
+void dsv4_wg_rows_traffic(const dsv4_wshape *s, int N, const int64_t *nrows, dsv4_cp_stats *out);
 /* The product with every block computed whole by one rank from all the rows (wgrad_rows.c): C +=
  * the sum of the panels' products, rounded once, on every rank. *bad: some rank had a bad term.
  * Collective. */
-dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *runs, int64_t n_runs, float *C,
+dsv4_status dsv4_wg_by_rows(dsv4_xfer *x, const dsv4_wshape *s, const wrun *runs, int64_t n_runs, float *C,
                             dsv4_impl impl, int *bad);
 
 #endif

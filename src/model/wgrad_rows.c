@@ -23,6 +23,8 @@
 #define ROWS_TAGS 1000
 /* The other ranks' rows one rank may hold for a product (S whole, one line of L). */
 #define ROWS_MAX_BYTES ((double)(256u << 20))
+/* The kind the rows' messages are counted under (the lines': DSV4_MSG_WGRAD_ALLGATHER). */
+#define ROWS DSV4_MSG_WGRAD_ROWS
 
 typedef struct {
   int split_m;      /* stripes of block rows (L = M, S = N), else of block columns (L = N, S = M) */
@@ -86,10 +88,38 @@ uint64_t dsv4_wg_rows_bytes(const dsv4_wshape *s, int N, int64_t mine, int threa
   return sizeof(float) * floats + per_thread * (uint64_t)(threads > 1 ? threads : 1);
 }
 
-dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *runs, int64_t n_runs, float *C,
+void dsv4_wg_rows_traffic(const dsv4_wshape *s, int N, const int64_t *nrows, dsv4_cp_stats *out) {
+  const blocking bl = dsv4_wg_blocks(s);
+  const stripes st = stripes_of(s, &bl);
+  const uint64_t f = sizeof(float), wS = (uint64_t)st.wS;
+  const int64_t line_max = st.split_m ? bl.mb * s->N : s->M * bl.nb, steps = (st.nL + N - 1) / N;
+  for (int me = 0; me < N; me++) {
+    dsv4_cp_stats *o = &out[me];
+    const uint64_t mine = (uint64_t)nrows[me];
+    uint64_t other = 0; /* rows of the ranks that hold some */
+    for (int r = 0; r < N; r++) other += r != me ? (uint64_t)nrows[r] : 0;
+    /* S whole, once: to every other rank, from every other rank */
+    if (mine) o->bytes_sent[ROWS] += (uint64_t)(N - 1) * mine * wS * f, o->messages[ROWS] += (uint64_t)(N - 1);
+    o->bytes_recv[ROWS] += other * wS * f;
+    for (int64_t k = 0; k < steps; k++) { /* a line of L blocks per step */
+      const int64_t Lb = stripe_lo(&st, me, N) + k;
+      if (Lb < stripe_lo(&st, me + 1, N)) o->bytes_recv[ROWS] += other * (uint64_t)lblock_width(s, &st, Lb) * f;
+      for (int q = 0; q < N && mine; q++) {
+        const int64_t Lq = stripe_lo(&st, q, N) + k;
+        if (q == me || Lq >= stripe_lo(&st, q + 1, N)) continue;
+        o->bytes_sent[ROWS] += mine * (uint64_t)lblock_width(s, &st, Lq) * f, o->messages[ROWS]++;
+      }
+      const uint64_t v = (uint64_t)(N - 1) * (uint64_t)(line_max + 1) * f;
+      o->bytes_sent[DSV4_MSG_WGRAD_ALLGATHER] += v, o->bytes_recv[DSV4_MSG_WGRAD_ALLGATHER] += v;
+      o->messages[DSV4_MSG_WGRAD_ALLGATHER]++;
+    }
+  }
+}
+
+dsv4_status dsv4_wg_by_rows(dsv4_xfer *x, const dsv4_wshape *s, const wrun *runs, int64_t n_runs, float *C,
                             dsv4_impl impl, int *bad_out) {
   dsv4_status rc = DSV4_OK;
-  const int N = comm->size, me = comm->rank;
+  const int N = x->comm->size, me = x->comm->rank;
   const blocking bl = dsv4_wg_blocks(s);
   const stripes st = stripes_of(s, &bl);
   const int64_t n_panels = (s->T + s->P - 1) / s->P, wL = st.step;
@@ -105,7 +135,7 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
   *bad_out = 0;
   DSV4_ALLOC(pairs, 2 * n_runs + 1);
   for (int64_t j = 0; j < n_runs; j++) pairs[2 * j] = runs[j].g0, pairs[2 * j + 1] = runs[j].len;
-  DSV4_TRY(dsv4_wg_gather_lists(comm, pairs, n_runs, &all, &cnt, &cmax, &total));
+  DSV4_TRY(dsv4_wg_gather_lists(x, pairs, n_runs, &all, &cnt, &cmax, &total));
   /* rows per rank, each run's first row in its rank's packed rows, and the pieces of each panel */
   DSV4_ALLOC(nrows, N + 1);
   DSV4_ALLOC(roff, N * cmax + 1);
@@ -154,12 +184,12 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
   dsv4_wg_pack_cols(runs, n_runs, !st.split_m, 0, st.wS, sS);
   for (int r = 0; r < N; r++)
     if (r != me && nrows[r])
-      DSV4_TRY(dsv4_comm_irecv(comm, rS + fo[r] * st.wS, sizeof(float) * (size_t)(nrows[r] * st.wS), r, ROWS_TAG,
+      DSV4_TRY(dsv4_xfer_irecv(x, ROWS, rS + fo[r] * st.wS, sizeof(float) * (size_t)(nrows[r] * st.wS), r, ROWS_TAG,
                                &reqs[n_req++]));
   for (int q = 0; q < N; q++)
-    if (q != me && mine) DSV4_TRY(dsv4_comm_isend(comm, sS, sizeof(float) * (size_t)(mine * st.wS), q, ROWS_TAG,
+    if (q != me && mine) DSV4_TRY(dsv4_xfer_isend(x, ROWS, sS, sizeof(float) * (size_t)(mine * st.wS), q, ROWS_TAG,
                                                   &reqs[n_req++]));
-  DSV4_TRY(dsv4_comm_wait(comm, reqs, (int)n_req));
+  DSV4_TRY(dsv4_xfer_wait(x, ROWS, reqs, (int)n_req));
   n_req = 0;
   /* S's side of the panels that several pieces make, in row order: once, not once per line */
   for (int64_t p = 0, at = 0; p < n_panels; p++) {
@@ -183,7 +213,7 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
     /* L: the other ranks' rows of this line's columns */
     for (int r = 0; r < N && have; r++)
       if (r != me && nrows[r])
-        DSV4_TRY(dsv4_comm_irecv(comm, rL + fo[r] * w, sizeof(float) * (size_t)(nrows[r] * w), r, tag,
+        DSV4_TRY(dsv4_xfer_irecv(x, ROWS, rL + fo[r] * w, sizeof(float) * (size_t)(nrows[r] * w), r, tag,
                                  &reqs[n_req++]));
     for (int q = 0, slot = 0; q < N; q++) {
       const int64_t Lq = stripe_lo(&st, q, N) + k;
@@ -191,9 +221,9 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
       const int64_t wq = lblock_width(s, &st, Lq);
       float *dst = sL + (int64_t)(slot++) * mine * wL;
       dsv4_wg_pack_cols(runs, n_runs, st.split_m, Lq * st.step, wq, dst);
-      DSV4_TRY(dsv4_comm_isend(comm, dst, sizeof(float) * (size_t)(mine * wq), q, tag, &reqs[n_req++]));
+      DSV4_TRY(dsv4_xfer_isend(x, ROWS, dst, sizeof(float) * (size_t)(mine * wq), q, tag, &reqs[n_req++]));
     }
-    DSV4_TRY(dsv4_comm_wait(comm, reqs, (int)n_req));
+    DSV4_TRY(dsv4_xfer_wait(x, ROWS, reqs, (int)n_req));
     n_req = 0;
     int bad = 0;
     if (have) {
@@ -241,9 +271,7 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
       }
     }
     line[line_max] = bad != 0; /* the flag travels with the line */
-    dsv4_comm_req *rq = NULL;
-    DSV4_TRY(dsv4_comm_iallgather(comm, line, lines, sizeof(float) * (size_t)(line_max + 1), &rq));
-    DSV4_TRY(dsv4_comm_wait(comm, &rq, 1));
+    DSV4_TRY(dsv4_xfer_allgather(x, DSV4_MSG_WGRAD_ALLGATHER, line, lines, sizeof(float) * (size_t)(line_max + 1)));
     for (int q = 0; q < N; q++) {
       const float *lq = lines + (int64_t)q * (line_max + 1);
       any_bad |= lq[line_max] != 0.0f;
@@ -261,7 +289,7 @@ dsv4_status dsv4_wg_by_rows(dsv4_comm *comm, const dsv4_wshape *s, const wrun *r
   }
   *bad_out = any_bad;
 fail:
-  if (n_req) dsv4_comm_wait(comm, reqs, (int)n_req);
+  if (n_req) dsv4_comm_wait(x->comm, reqs, (int)n_req);
   free(pairs), free(all), free(cnt), free(nrows), free(roff), free(pn), free(pidx), free(prows), free(fo);
   free(sS), free(rS), free(sL), free(rL), free(pa), free(pb), free(line), free(lines);
   free(tb), free(accb), free(views), free(reqs);

@@ -1,10 +1,12 @@
 /* traffic.c: what one layer forward + backward under CP costs each rank in messages, computed on
  * the host from every rank's layout and the halo arithmetic (plan/halo.c), i.e. the formulas of
  * docs/cp.md evaluated for the actual packing: bytes and messages per message kind, exactly what
- * the exchange (cp/exchange.c) counts. The benchmark checks measured == planned. */
+ * the exchange (cp/exchange.c) counts; the weight gradients' messages as model/wgrad_plan.c counts
+ * them. The benchmark and the CP sweep test check measured == planned. */
 #include <string.h>
 
 #include "cp/exchange.h"
+#include "model/wgrad.h"
 #include "plan.h"
 #include "util/abi.h"
 #include "util/err.h"
@@ -58,7 +60,7 @@ fail:
 }
 
 static dsv4_status traffic_all(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_cp_config *cp,
-                               int size, dsv4_cp_stats *out) {
+                               int recompute, int size, dsv4_cp_stats *out) {
   dsv4_status rc = DSV4_OK;
   plan_ctx p = {0};
   DSV4_CHECK(cfg && pk && out && size >= 1, DSV4_ERR_ARG, "plan: bad arguments");
@@ -109,6 +111,8 @@ static dsv4_status traffic_all(const dsv4_config *cfg, int layer, const dsv4_pac
       s->messages[DSV4_MSG_LOSS_REDUCE] = 1;
     }
   }
+  /* the backward's weight gradients, summed over the ranks */
+  DSV4_TRY(dsv4_wgrad_traffic(cfg, &in, &p.docs, p.lays, size, recompute, out));
 fail:
   plan_free(&p);
   return rc;
@@ -116,28 +120,53 @@ fail:
 
 /* The caller's structs as full library structs (util/abi.h); out: the caller's array, whose stride is
  * its first element's struct_size. */
-dsv4_status dsv4_cp_plan_traffic_all(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
-                                     const dsv4_cp_config *cp, int size, dsv4_cp_stats *out) {
+dsv4_status dsv4_cp_plan_traffic_all_opts(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                          const dsv4_cp_config *cp, const dsv4_plan_opts *opts, int size,
+                                          dsv4_cp_stats *out) {
   static const dsv4_cp_config cp_defaults = DSV4_CP_CONFIG_INIT;
+  static const dsv4_plan_opts opt_defaults = DSV4_PLAN_OPTS_INIT;
   dsv4_status rc = DSV4_OK;
   dsv4_config c;
   dsv4_packing p;
   dsv4_cp_config k = cp_defaults;
+  dsv4_plan_opts o = opt_defaults;
   dsv4_cp_stats *all = NULL;
   DSV4_CHECK(cfg && pk && out && size >= 1, DSV4_ERR_ARG, "plan: bad arguments");
   DSV4_TRY(dsv4_config_in(&c, cfg));
   DSV4_TRY(DSV4_STRUCT_IN(&p, pk, dsv4_packing, NULL));
   if (cp) DSV4_TRY(DSV4_STRUCT_IN(&k, cp, dsv4_cp_config, &cp_defaults));
+  if (opts) DSV4_TRY(DSV4_STRUCT_IN(&o, opts, dsv4_plan_opts, &opt_defaults));
   DSV4_TRY(DSV4_STRUCT_CHECK(out, dsv4_cp_stats));
   const size_t stride = out->struct_size;
   DSV4_ALLOC(all, size);
-  DSV4_TRY(traffic_all(&c, layer, &p, &k, size, all));
+  DSV4_TRY(traffic_all(&c, layer, &p, &k, o.recompute != 0, size, all));
   for (int q = 0; q < size; q++) {
     dsv4_cp_stats *dst = (dsv4_cp_stats *)((char *)out + stride * (size_t)q);
     dst->struct_size = (uint32_t)stride;
     dst->struct_version = DSV4_STRUCT_VERSION;
-    DSV4_TRY(DSV4_STRUCT_OUT(dst, &all[q], dsv4_cp_stats));
+    DSV4_TRY(dsv4_cp_stats_out(dst, &all[q]));
   }
+fail:
+  free(all);
+  return rc;
+}
+
+dsv4_status dsv4_cp_plan_traffic_all(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                     const dsv4_cp_config *cp, int size, dsv4_cp_stats *out) {
+  return dsv4_cp_plan_traffic_all_opts(cfg, layer, pk, cp, NULL, size, out);
+}
+
+dsv4_status dsv4_cp_plan_traffic_opts(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                      const dsv4_cp_config *cp, const dsv4_plan_opts *opts, int rank, int size,
+                                      dsv4_cp_stats *out) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_cp_stats *all = NULL;
+  DSV4_CHECK(cfg && pk && out && size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "plan: bad arguments");
+  DSV4_TRY(DSV4_STRUCT_CHECK(out, dsv4_cp_stats));
+  DSV4_ALLOC(all, size);
+  for (int q = 0; q < size; q++) all[q] = (dsv4_cp_stats)DSV4_CP_STATS_INIT;
+  DSV4_TRY(dsv4_cp_plan_traffic_all_opts(cfg, layer, pk, cp, opts, size, all));
+  DSV4_TRY(dsv4_cp_stats_out(out, &all[rank]));
 fail:
   free(all);
   return rc;
@@ -145,15 +174,5 @@ fail:
 
 dsv4_status dsv4_cp_plan_traffic(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
                                  const dsv4_cp_config *cp, int rank, int size, dsv4_cp_stats *out) {
-  dsv4_status rc = DSV4_OK;
-  dsv4_cp_stats *all = NULL;
-  DSV4_CHECK(cfg && pk && out && size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "plan: bad arguments");
-  DSV4_TRY(DSV4_STRUCT_CHECK(out, dsv4_cp_stats));
-  DSV4_ALLOC(all, size);
-  for (int q = 0; q < size; q++) all[q] = (dsv4_cp_stats)DSV4_CP_STATS_INIT;
-  DSV4_TRY(dsv4_cp_plan_traffic_all(cfg, layer, pk, cp, size, all));
-  DSV4_TRY(DSV4_STRUCT_OUT(out, &all[rank], dsv4_cp_stats));
-fail:
-  free(all);
-  return rc;
+  return dsv4_cp_plan_traffic_opts(cfg, layer, pk, cp, NULL, rank, size, out);
 }

@@ -4,10 +4,14 @@
  * batch of B sequences of any length S; a window, a top-k width, a KL mode; a rank count N in 1..8
  * and a split. The first N ranks then run the layer twice: alone (CP = 1, the whole stream) and
  * together (CP = N, each its own shard), forward and backward, and compare their shard of the
- * CP = 1 result: out, top-k ids and the KL loss bitwise; dx to 1e-5 and the rank-summed weight
- * gradients to 1e-4 relative to max(1, max |value|) (SPEC 6). Every other packing runs its CP = N
- * layer with recomputation (dsv4_layer_set_recompute), which must not change a bit. Ranks >= N sit
- * the iteration out.
+ * CP = 1 result: out, top-k ids, the KL loss, dx and the rank-summed weight gradients bitwise
+ * where the BLAS probe allows (dsv4_blas_probe_invariance; else dx to 1e-5 and the gradients to
+ * 1e-4 relative to max(1, max |value|), SPEC 6). Every other packing runs its CP = N layer with
+ * recomputation (dsv4_layer_set_recompute), which must not change a bit. The weight gradients' path
+ * cycles with the iteration (rows to the blocks' owners or exact sums between ranks; a recomputed
+ * backward's kept rows or whole-weight sums: DSV4_WGRAD_ROWS, DSV4_WGRAD_KEEP), and every CP rank's
+ * measured messages (dsv4_cp_get_stats) must equal the planner's (dsv4_cp_plan_traffic_opts), kind
+ * by kind. Ranks >= N sit the iteration out.
  * Rank 0 prints one PASS/FAIL line per packing.
  *
  * usage: mpitest_cp_sweep [iterations (default 240)] [seed (default 1)] */
@@ -102,6 +106,7 @@ typedef struct {
   float *out, *dx, loss;
   int32_t *topk;
   int64_t n, *rows;
+  char plan[160]; /* CP runs: the first message kind whose measured count differs from the plan */
 } result;
 
 static void result_free(result *r) {
@@ -141,7 +146,21 @@ static dsv4_status run(const dsv4_config *cfg, const packing *p, const dsv4_weig
   if ((st = dsv4_weights_create(&r->grads, cfg, p->layer)) != DSV4_OK) goto done;
   if ((st = tu_forward(l, r->out, r->topk, &r->loss, x, r->n, &pk, 1)) != DSV4_OK) goto done;
   if ((st = tu_backward(l, r->dx, r->grads, dout, 1.0f)) != DSV4_OK) goto done;
-  if (comm) st = dsv4_cp_allreduce_grads(comm, r->grads);
+  if (comm) {
+    dsv4_cp_stats got = DSV4_CP_STATS_INIT, want = DSV4_CP_STATS_INIT;
+    const dsv4_plan_opts po = {DSV4_HEAD(dsv4_plan_opts), .recompute = p->recompute};
+    if ((st = dsv4_cp_get_stats(dsv4_layer_core(l), &got)) != DSV4_OK ||
+        (st = dsv4_cp_plan_traffic_opts(cfg, p->layer, &pk, &cp, &po, rank, size, &want)) != DSV4_OK)
+      goto done;
+    for (int m = 0; m < DSV4_MSG_KINDS && !r->plan[0]; m++)
+      if (got.bytes_sent[m] != want.bytes_sent[m] || got.bytes_recv[m] != want.bytes_recv[m] ||
+          got.messages[m] != want.messages[m])
+        snprintf(r->plan, sizeof r->plan, "%s: measured %llu / %llu B in %llu messages, planned %llu / %llu in %llu",
+                 dsv4_msg_kind_name((dsv4_msg_kind)m), (unsigned long long)got.bytes_sent[m],
+                 (unsigned long long)got.bytes_recv[m], (unsigned long long)got.messages[m],
+                 (unsigned long long)want.bytes_sent[m], (unsigned long long)want.bytes_recv[m],
+                 (unsigned long long)want.messages[m]);
+  }
 done:
   dsv4_layer_free(l);
   free(x), free(dout);
@@ -159,9 +178,10 @@ static double rel_diff(const float *a, const float *b, int64_t n) {
   return m / ref;
 }
 
-/* This rank's verdict on its shard: "" when everything holds, else the first difference. */
-static void compare(const dsv4_config *cfg, const packing *p, const result *one, const result *cp, char *why,
-                    size_t cap) {
+/* This rank's verdict on its shard: "" when everything holds, else the first difference. bitwise:
+ * dx and the gradients too must be the same bytes (else within SPEC 6's tolerance). */
+static void compare(const dsv4_config *cfg, const packing *p, const result *one, const result *cp, int bitwise,
+                    char *why, size_t cap) {
   const int64_t d = cfg->dim, k = cfg->index_topk;
   why[0] = 0;
   double worst_dx = 0;
@@ -171,6 +191,8 @@ static void compare(const dsv4_config *cfg, const packing *p, const result *one,
       snprintf(why, cap, "out row %lld not bitwise equal", (long long)g);
     else if (p->ratio == 4 && memcmp(cp->topk + i * k, one->topk + g * k, sizeof(int32_t) * (size_t)k))
       snprintf(why, cap, "topk row %lld differs", (long long)g);
+    else if (bitwise && memcmp(cp->dx + i * d, one->dx + g * d, sizeof(float) * (size_t)d))
+      snprintf(why, cap, "dx row %lld not bitwise equal", (long long)g);
     const double e = rel_diff(cp->dx + i * d, one->dx + g * d, d);
     worst_dx = e > worst_dx || isnan(e) ? e : worst_dx;
   }
@@ -184,8 +206,12 @@ static void compare(const dsv4_config *cfg, const packing *p, const result *one,
       break;
     }
     const double e = rel_diff(a.data, b.data, a.numel);
-    if (!(e <= TOL_GRAD)) snprintf(why, cap, "grad %s rel %.3g > %g", a.name, e, TOL_GRAD);
+    if (bitwise && memcmp(a.data, b.data, sizeof(float) * (size_t)a.numel))
+      snprintf(why, cap, "grad %s not bitwise equal (rel %.3g)", a.name, e);
+    else if (!(e <= TOL_GRAD))
+      snprintf(why, cap, "grad %s rel %.3g > %g", a.name, e, TOL_GRAD);
   }
+  if (!why[0] && cp->plan[0]) snprintf(why, cap, "messages: %s", cp->plan);
 }
 
 int main(int argc, char **argv) {
@@ -196,6 +222,8 @@ int main(int argc, char **argv) {
   const int iters = argc > 1 ? atoi(argv[1]) : 240;
   const uint64_t seed = argc > 2 ? (uint64_t)atoll(argv[2]) : 1;
   prng g = {dsv4_mix64(seed)};
+  const int bitwise = dsv4_blas_probe_invariance();
+  static const char *const rows_path[3] = {NULL, "always", "never"}, *const keep_path[2] = {NULL, "sums"};
   int n_bitwise = 0;
   for (int it = 0; it < iters; it++) {
     packing p;
@@ -219,12 +247,17 @@ int main(int argc, char **argv) {
       const uint64_t data_seed = 1000 + (uint64_t)it;
       ok = ok && dsv4_weights_create(&w, &cfg, p.layer) == DSV4_OK && dsv4_weights_init_random(w, data_seed) == DSV4_OK;
       ok = ok && dsv4_comm_create_mpi(&comm, sub) == DSV4_OK;
+      /* the weight gradients' path of this iteration (the same on every rank; bits do not change) */
+      if (rows_path[it % 3]) setenv("DSV4_WGRAD_ROWS", rows_path[it % 3], 1);
+      if (keep_path[(it / 3) % 2]) setenv("DSV4_WGRAD_KEEP", keep_path[(it / 3) % 2], 1);
       /* the CP run first: every rank of the group must reach its collectives */
       dsv4_status st = ok ? run(&cfg, &p, w, comm, rank, data_seed, &cp) : DSV4_ERR_STATE;
+      unsetenv("DSV4_WGRAD_ROWS");
+      unsetenv("DSV4_WGRAD_KEEP");
       if (st != DSV4_OK) snprintf(why, sizeof why, "CP run: %s", dsv4_last_error());
       if (!why[0] && (st = run(&cfg, &p, w, NULL, 0, data_seed, &one)) != DSV4_OK)
         snprintf(why, sizeof why, "CP = 1 run: %s", dsv4_last_error());
-      if (!why[0]) compare(&cfg, &p, &one, &cp, why, sizeof why);
+      if (!why[0]) compare(&cfg, &p, &one, &cp, bitwise, why, sizeof why);
       result_free(&one);
       result_free(&cp);
       dsv4_comm_free(comm);
@@ -235,16 +268,20 @@ int main(int argc, char **argv) {
       if (first < p.N) MPI_Bcast(why, sizeof why, MPI_CHAR, first, sub);
       if (rank == 0) {
         n_bitwise += first == p.N;
-        tu_check(first == p.N, "sweep %d: r=%d N=%d %s T=%lld W=%d k=%d%s%s %s%s%s", it, p.ratio, p.N,
+        tu_check(first == p.N, "sweep %d: r=%d N=%d %s T=%lld W=%d k=%d%s%s%s%s%s%s %s%s%s", it, p.ratio, p.N,
                  p.split == DSV4_SPLIT_ZIGZAG ? "zigzag" : "contiguous", (long long)p.T, p.window, p.topk,
-                 p.dense ? " dense" : "", p.recompute ? " recompute" : "", p.desc, first < p.N ? ": " : "",
-                 first < p.N ? why : "");
+                 p.dense ? " dense" : "", p.recompute ? " recompute" : "", rows_path[it % 3] ? " rows=" : "",
+                 rows_path[it % 3] ? rows_path[it % 3] : "", keep_path[(it / 3) % 2] && p.recompute ? " keep=" : "",
+                 keep_path[(it / 3) % 2] && p.recompute ? keep_path[(it / 3) % 2] : "", p.desc,
+                 first < p.N ? ": " : "", first < p.N ? why : "");
       }
       MPI_Comm_free(&sub);
     }
     MPI_Barrier(MPI_COMM_WORLD);
   }
-  if (rank == 0) printf("note: %d of %d random packings equal to CP = 1 (forward bitwise)\n", n_bitwise, iters);
+  if (rank == 0)
+    printf("note: %d of %d random packings equal to CP = 1 (%s), messages as planned\n", n_bitwise, iters,
+           bitwise ? "bitwise, gradients too" : "forward bitwise; the BLAS probe fails: gradients within SPEC 6");
   MPI_Finalize();
   return rank == 0 ? tu_finish() : 0;
 }

@@ -1,6 +1,7 @@
 /* test_cp_plan.c: the index arithmetic of two-stage CP on worked examples (the same ones as
  * docs/cp.md): shard segments, halo sizes, the gather index, the halo plans; and the operators'
  * layout rules. All on the host, no ranks needed. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -390,7 +391,108 @@ static void plan_keys(void) {
   dsv4_plan_key_free(&d);
 }
 
+/* The planned weight-gradient messages of V4-Flash layers (what the CP sweep then checks against
+ * measurement): none on one rank; collectives count the same bytes both ways; the point-to-point
+ * rows sent by all ranks are the rows they receive; the exact sums cost 16 (N - 1) / N bytes per
+ * weight element at most a few percent over (4 x the fp32 gradients' bytes), at N = 2 as at N = 64
+ * (superblocks cut in N slices: one block per rank made an 8-block product send 64 blocks there);
+ * recomputation's whole-weight sums (4096 tokens, CP = 2) cross as reduce-scatter + all-gather too,
+ * the same bytes within 1% (an all-reduce would double the sums of wo_a and wq_b). */
+static void wgrad_traffic(void) {
+  dsv4_config cfg = DSV4_CONFIG_INIT;
+  if (!tu_ok(dsv4_config_preset(&cfg, "flash"), "flash preset")) return;
+  const int layers[3] = {0, 2, 3}, Ns[3] = {1, 2, 64};
+  const int64_t Ts[3] = {4096, 4096, 65536};
+  for (int li = 0; li < 3; li++)
+    for (int ni = 0; ni < 3; ni++) {
+      const int N = Ns[ni], L = layers[li];
+      int32_t cu[2] = {0, (int32_t)Ts[ni]};
+      const dsv4_packing pk = TU_PACKING(cu, NULL, 1, Ts[ni], 0);
+      const dsv4_cp_config cp = DSV4_CP_CONFIG_INIT;
+      dsv4_cp_stats *st = calloc((size_t)N, sizeof *st);
+      dsv4_memory_plan mem = DSV4_MEMORY_PLAN_INIT;
+      for (int q = 0; q < N; q++) st[q] = (dsv4_cp_stats)DSV4_CP_STATS_INIT;
+      if (!tu_ok(dsv4_cp_plan_traffic_all(&cfg, L, &pk, &cp, N, st), "traffic plan") ||
+          !tu_ok(dsv4_cp_plan_memory(&cfg, L, &pk, &cp, NULL, 0, N, &mem), "memory plan")) {
+        free(st);
+        continue;
+      }
+      const double elems = (double)mem.grads / sizeof(float);
+      uint64_t rows_sent = 0, rows_recv = 0;
+      int sym = 1;
+      for (int q = 0; q < N; q++) {
+        sym &= st[q].bytes_sent[DSV4_MSG_WGRAD_SUMS] == st[q].bytes_recv[DSV4_MSG_WGRAD_SUMS] &&
+               st[q].bytes_sent[DSV4_MSG_WGRAD_ALLGATHER] == st[q].bytes_recv[DSV4_MSG_WGRAD_ALLGATHER];
+        rows_sent += st[q].bytes_sent[DSV4_MSG_WGRAD_ROWS], rows_recv += st[q].bytes_recv[DSV4_MSG_WGRAD_ROWS];
+      }
+      const double sums = (double)st[N - 1].bytes_sent[DSV4_MSG_WGRAD_SUMS], floats =
+          (double)st[N - 1].bytes_sent[DSV4_MSG_WGRAD_ALLGATHER], ideal = elems * 16.0 * (N - 1) / N;
+      if (N == 1) {
+        int none = 1;
+        for (int k = DSV4_MSG_WGRAD_ROWS; k <= DSV4_MSG_WGRAD_ALLGATHER; k++)
+          none &= !st[0].bytes_sent[k] && !st[0].bytes_recv[k] && !st[0].messages[k];
+        tu_check(none, "wgrad plan: layer %d, one rank sends nothing", L);
+      } else {
+        tu_check(sym && rows_sent == rows_recv, "wgrad plan: layer %d N=%d: collectives symmetric, rows sent %llu = "
+                 "received %llu", L, N, (unsigned long long)rows_sent, (unsigned long long)rows_recv);
+        /* (the vector gradients' all-reduce adds a little to the sums and nothing to the floats) */
+        tu_check(sums >= 0.99 * ideal && sums <= 1.03 * ideal && floats >= 0.97 * ideal / 4 &&
+                     floats <= 1.03 * ideal / 4,
+                 "wgrad plan: layer %d N=%d T=%lld: sums %.1f MiB, floats %.1f MiB per rank for %.1f M elements "
+                 "(16 and 4 (N - 1) / N bytes each: %.1f, %.1f MiB)", L, N, (long long)Ts[ni], sums / 1048576,
+                 floats / 1048576, elems / 1e6, ideal / 1048576, ideal / 4 / 1048576);
+      }
+      free(st);
+    }
+  /* recomputation, CSA at 4096 tokens over 2 ranks (2048 rows: whole-weight sums) */
+  int32_t cu[2] = {0, 4096};
+  const dsv4_packing pk = TU_PACKING(cu, NULL, 1, 4096, 0);
+  const dsv4_plan_opts rc_on = {DSV4_HEAD(dsv4_plan_opts), .recompute = 1};
+  dsv4_cp_stats a = DSV4_CP_STATS_INIT, b = DSV4_CP_STATS_INIT;
+  if (tu_ok(dsv4_cp_plan_traffic_opts(&cfg, 2, &pk, NULL, NULL, 0, 2, &a), "default plan") &&
+      tu_ok(dsv4_cp_plan_traffic_opts(&cfg, 2, &pk, NULL, &rc_on, 0, 2, &b), "recompute plan")) {
+    int same = 1;
+    for (int k = 0; k < DSV4_MSG_WGRAD_ROWS; k++) same &= a.bytes_sent[k] == b.bytes_sent[k];
+    const double s0 = (double)a.bytes_sent[DSV4_MSG_WGRAD_SUMS], s1 = (double)b.bytes_sent[DSV4_MSG_WGRAD_SUMS];
+    const double f0 = (double)a.bytes_sent[DSV4_MSG_WGRAD_ALLGATHER], f1 = (double)b.bytes_sent[DSV4_MSG_WGRAD_ALLGATHER];
+    tu_check(same && fabs(s1 - s0) < 0.01 * s0 && fabs(f1 - f0) < 0.01 * f0 &&
+                 b.messages[DSV4_MSG_WGRAD_SUMS] != a.messages[DSV4_MSG_WGRAD_SUMS],
+             "wgrad plan: --recompute's sinks (other messages) cost the weight gradients' bytes (sums %.1f -> %.1f "
+             "MiB, floats %.1f -> %.1f MiB)", a.bytes_sent[DSV4_MSG_WGRAD_SUMS] / 1048576.0,
+             b.bytes_sent[DSV4_MSG_WGRAD_SUMS] / 1048576.0, a.bytes_sent[DSV4_MSG_WGRAD_ALLGATHER] / 1048576.0,
+             b.bytes_sent[DSV4_MSG_WGRAD_ALLGATHER] / 1048576.0);
+  }
+}
+
+/* A dsv4_cp_stats of 0.2.x's size (8 message kinds) is written with its own layout. */
+static void stats_abi(void) {
+  typedef struct {
+    DSV4_STRUCT_HEAD;
+    uint64_t bytes_sent[8], bytes_recv[8], messages[8];
+    double seconds[8];
+    double hidden_seconds, overlap_window_seconds;
+  } stats_0_2;
+  dsv4_config cfg = DSV4_CONFIG_INIT;
+  int32_t cu[2] = {0, 1024};
+  const dsv4_packing pk = TU_PACKING(cu, NULL, 1, 1024, 0);
+  dsv4_cp_stats now = DSV4_CP_STATS_INIT;
+  stats_0_2 old = {DSV4_HEAD(stats_0_2)};
+  old.hidden_seconds = old.overlap_window_seconds = -1;
+  if (!tu_ok(dsv4_config_preset(&cfg, "flash"), "flash") ||
+      !tu_ok(dsv4_cp_plan_traffic(&cfg, 2, &pk, NULL, 1, 2, &now), "plan, this version's struct") ||
+      !tu_ok(dsv4_cp_plan_traffic(&cfg, 2, &pk, NULL, 1, 2, (dsv4_cp_stats *)(void *)&old), "plan, 0.2.x's struct"))
+    return;
+  int same = DSV4_MSG_KINDS_0_2 == 8 && old.struct_size == sizeof old;
+  for (int k = 0; k < 8; k++)
+    same &= old.bytes_sent[k] == now.bytes_sent[k] && old.bytes_recv[k] == now.bytes_recv[k] &&
+            old.messages[k] == now.messages[k] && old.seconds[k] == 0;
+  tu_check(same && old.hidden_seconds == 0 && old.overlap_window_seconds == 0 && now.bytes_recv[3] > 0,
+           "stats ABI: a 0.2.x struct (%zu bytes) gets its 8 kinds at their places and its trailing fields", sizeof old);
+}
+
 static const tu_test TESTS[] = {
+  {"plan", "wgrad-traffic", wgrad_traffic},
+  {"plan", "stats-abi", stats_abi},
   {"plan", "keys", plan_keys},
   {"plan", "shards", shards},
   {"plan", "halos", halos},
