@@ -54,6 +54,10 @@ static inline dsv4_status dsv4_comm_test(dsv4_comm *c, dsv4_comm_req **r, int n)
 static inline dsv4_status dsv4_comm_wait(dsv4_comm *c, dsv4_comm_req **r, int n) {
   return c->ops->wait(c->impl, r, n);
 }
+/* The most int64 one message of the MPI transport's int64 reduce-scatter carries; it keeps two such
+ * buffers between calls (comm_mpi.c, a ring of pairwise exchanges; the planner counts them). */
+#define DSV4_COMM_RING_INT64 ((size_t)1 << 20)
+
 /* n elements per rank, of type t (F32 or I64: integer sums are exact, whatever the order) */
 static inline dsv4_status dsv4_comm_reduce_scatter(dsv4_comm *c, const void *s, void *r, size_t n, dsv4_red_type t) {
   return c->ops->reduce_scatter(c->impl, s, r, n, t);

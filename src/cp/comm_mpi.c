@@ -14,7 +14,12 @@ struct dsv4_comm_req {
 
 typedef struct {
   MPI_Comm comm;
+  int64_t *ring;    /* the ring reduce-scatter's two slices, kept between calls */
+  size_t ring_cap;  /* in int64 */
 } mpi_impl;
+
+/* Tag of the ring reduce-scatter's messages (blocking and paired: nothing else is pending with it). */
+#define RING_TAG 32000
 
 #define MPI_TRY(call, what)                                                            \
   do {                                                                                 \
@@ -108,12 +113,53 @@ fail:
   return rc;
 }
 
+/* int64 sums (exact: any order gives the same integers) reduce-scattered around the ring: at step k
+ * rank q sends its running sum of slice q - 1 - k to rank q + 1, receives that of slice q - 2 - k
+ * from rank q - 1 and adds its own part; after N - 1 steps it holds slice q whole. (N - 1) n int64
+ * each way, as the accounting counts, in messages of at most DSV4_COMM_RING_INT64 (the buffer kept
+ * is two of them); on this machine's shared memory 2.4x faster than Open MPI's
+ * MPI_Reduce_scatter_block for the weight gradients' 8 MiB slices (4.3 against 10.3 ms, 2 ranks). */
+static dsv4_status ring_reduce_scatter(mpi_impl *m, const int64_t *s, int64_t *r, size_t n) {
+  dsv4_status rc = DSV4_OK;
+  int N = 1, me = 0;
+  MPI_Comm_size(m->comm, &N);
+  MPI_Comm_rank(m->comm, &me);
+  if (N == 1 || n == 0) {
+    memmove(r, s, sizeof(int64_t) * n);
+    return DSV4_OK;
+  }
+  const size_t chunk = n < DSV4_COMM_RING_INT64 ? n : DSV4_COMM_RING_INT64;
+  if (m->ring_cap < 2 * chunk) {
+    free(m->ring);
+    m->ring_cap = 0;
+    DSV4_ALLOC(m->ring, 2 * chunk);
+    m->ring_cap = 2 * chunk;
+  }
+  int64_t *in = m->ring, *acc = m->ring + chunk;
+  const int next = (me + 1) % N, prev = (me + N - 1) % N;
+  for (size_t c0 = 0; c0 < n; c0 += chunk) {
+    const size_t c = n - c0 < chunk ? n - c0 : chunk;
+    const int64_t *out = s + (size_t)((me + N - 1) % N) * n + c0;
+    for (int k = 0; k < N - 1; k++) {
+      const int64_t *mine = s + (size_t)((me + 2 * N - 2 - k) % N) * n + c0;
+      int64_t *dst = k == N - 2 ? r + c0 : acc;
+      MPI_TRY(MPI_Sendrecv(out, (int)c, MPI_INT64_T, next, RING_TAG, in, (int)c, MPI_INT64_T, prev, RING_TAG, m->comm,
+                           MPI_STATUS_IGNORE),
+              "Sendrecv");
+      for (size_t i = 0; i < c; i++) dst[i] = (int64_t)((uint64_t)in[i] + (uint64_t)mine[i]); /* wraps as MPI_SUM */
+      out = dst;
+    }
+  }
+fail:
+  return rc;
+}
+
 static dsv4_status m_reduce_scatter(void *impl, const void *s, void *r, size_t n, dsv4_red_type t) {
   dsv4_status rc = DSV4_OK;
   mpi_impl *m = impl;
   DSV4_TRY(check_count(n, "reduce_scatter"));
-  MPI_TRY(MPI_Reduce_scatter_block(s, r, (int)n, t == DSV4_RED_F32 ? MPI_FLOAT : MPI_INT64_T, MPI_SUM, m->comm),
-          "Reduce_scatter_block");
+  if (t == DSV4_RED_I64) return ring_reduce_scatter(m, s, r, n);
+  MPI_TRY(MPI_Reduce_scatter_block(s, r, (int)n, MPI_FLOAT, MPI_SUM, m->comm), "Reduce_scatter_block");
 fail:
   return rc;
 }
@@ -141,6 +187,7 @@ fail:
 static void m_destroy(void *impl) {
   mpi_impl *m = impl;
   if (!m) return;
+  free(m->ring);
   int fin = 0;
   MPI_Finalized(&fin);
   if (!fin) MPI_Comm_free(&m->comm);

@@ -367,6 +367,49 @@ static dsv4_status allreduce_i64(dsv4_xfer *x, int64_t *v, size_t n) {
   return dsv4_xfer_allreduce_i64(x, DSV4_MSG_WGRAD_SUMS, v, n);
 }
 
+/* A superblock under CP (wgrad_exact): its blocks, its sums (then this rank's slice of their total),
+ * the bad-term flag of this rank's products. */
+typedef struct {
+  int64_t b0, nbk;
+  wsuper sp;
+  int bad;
+  int64_t *sums, *mine;
+} wsuper_run;
+
+/* Reduce-scatters r's sums, rounds this rank's rows of their total, all-gathers every rank's floats
+ * (fall: N fslice floats, then this rank's slice) and adds them to C. Collective. */
+static dsv4_status super_reduce(dsv4_xfer *x, const dsv4_wshape *s, const blocking *bl, const wsuper_run *r,
+                                float *fall, float *C, int nt, int64_t *any_bad) {
+  dsv4_status rc = DSV4_OK;
+  const int N = x->comm->size, me = x->comm->rank;
+  const int64_t rows = r->nbk * bl->mb, w2 = 2 * bl->nb, R = r->sp.rows, fs = r->sp.fslice;
+  float *fmine = fall + (int64_t)N * fs;
+  memset(r->sums + rows * w2, 0, sizeof(int64_t) * (size_t)((N * R - rows) * w2)); /* the slices' padding */
+  DSV4_TRY(dsv4_xfer_reduce_scatter_i64(x, DSV4_MSG_WGRAD_SUMS, r->sums, r->mine, (size_t)(R * w2)));
+  for (int64_t i = 0; i < R && me * R + i < rows; i++) { /* this rank's rows, rounded once */
+    const int64_t g = me * R + i;
+    const wblock k = dsv4_wg_block(s, bl, r->b0 + g / bl->mb);
+    if (g % bl->mb >= k.mb) continue;
+    int64_t *h = r->mine + i * w2;
+    dsv4_xacc_normalize(h, h + bl->nb, k.nb);
+    dsv4_xacc_store(fmine + i * bl->nb, h, h + bl->nb, k.nb, 0);
+  }
+  fmine[fs - 1] = (float)(r->bad != 0); /* every rank's flag travels with its floats */
+  DSV4_TRY(dsv4_xfer_allgather(x, DSV4_MSG_WGRAD_ALLGATHER, fmine, fall, sizeof(float) * (size_t)fs));
+  for (int q = 0; q < N; q++) *any_bad |= fall[(int64_t)q * fs + fs - 1] != 0.0f;
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t j = 0; j < r->nbk; j++) {
+    const wblock k = dsv4_wg_block(s, bl, r->b0 + j);
+    for (int64_t q = 0; q < k.mb; q++) {
+      const int64_t g = j * bl->mb + q;
+      const float *v = fall + (g / R) * fs + (g % R) * bl->nb;
+      for (int64_t e = 0; e < k.nb; e++) C[(k.m0 + q) * s->N + k.n0 + e] += v[e];
+    }
+  }
+fail:
+  return rc;
+}
+
 dsv4_status dsv4_wgrad_exact(dsv4_xfer *x, const dsv4_wshape *shape, const dsv4_wpiece *pc, int n_pc, float *C,
                              dsv4_impl impl, const char *what) {
   dsv4_status rc = DSV4_OK;
@@ -396,13 +439,12 @@ dsv4_status dsv4_wgrad_exact(dsv4_xfer *x, const dsv4_wshape *shape, const dsv4_
    * sums are reduce-scattered in N equal slices of rows, each rank rounding its slice, whose floats
    * are then all-gathered: 16 + 4 bytes per element and rank instead of an all-reduce's 2 x 16, and
    * a superblock's memory whatever N (wgrad_int.h, dsv4_wg_super). */
-  const int one = dsv4_wg_size(x) < 2, N = one ? 1 : x->comm->size, me = one ? 0 : x->comm->rank;
+  const int one = dsv4_wg_size(x) < 2, N = one ? 1 : x->comm->size;
   const int64_t sbk = DSV4_WG_SUPER_BLOCKS, w2 = 2 * bl.nb;
   const wsuper sup = dsv4_wg_super(&bl, sbk, N);
   const int64_t n_acc = one ? (n_views > dsv4_wg_group() ? per * nt : 0) : (N + 1) * sup.rows * w2;
   DSV4_TRY(scratch(n_acc, tper * nt + (one ? 0 : (int64_t)(N + 1) * sup.fslice), &acc, &tb));
-  int64_t *mine = one ? NULL : acc + N * sup.rows * w2;
-  float *fall = one ? NULL : tb + tper * nt, *fmine = one ? NULL : fall + (int64_t)N * sup.fslice;
+  float *fall = one ? NULL : tb + tper * nt;
   int64_t any_bad = 0;
   for (int64_t b0 = 0; b0 < nblocks; b0 += sbk) {
     const int64_t nbk = nblocks - b0 < sbk ? nblocks - b0 : sbk;
@@ -423,30 +465,9 @@ dsv4_status dsv4_wgrad_exact(dsv4_xfer *x, const dsv4_wshape *shape, const dsv4_
       any_bad |= bad;
       continue;
     }
-    const wsuper sp = dsv4_wg_super(&bl, nbk, N); /* the last one may be smaller */
-    const int64_t rows = nbk * bl.mb;
-    memset(acc + rows * w2, 0, sizeof(int64_t) * (size_t)((N * sp.rows - rows) * w2)); /* the slices' padding */
-    DSV4_TRY(dsv4_xfer_reduce_scatter_i64(x, DSV4_MSG_WGRAD_SUMS, acc, mine, (size_t)(sp.rows * w2)));
-    for (int64_t i = 0; i < sp.rows && me * sp.rows + i < rows; i++) { /* this rank's rows, rounded once */
-      const int64_t g = me * sp.rows + i;
-      const wblock k = dsv4_wg_block(s, &bl, b0 + g / bl.mb);
-      if (g % bl.mb >= k.mb) continue;
-      int64_t *h = mine + i * w2;
-      dsv4_xacc_normalize(h, h + bl.nb, k.nb);
-      dsv4_xacc_store(fmine + i * bl.nb, h, h + bl.nb, k.nb, 0);
-    }
-    fmine[sp.fslice - 1] = (float)(bad != 0); /* every rank's flag travels with its floats */
-    DSV4_TRY(dsv4_xfer_allgather(x, DSV4_MSG_WGRAD_ALLGATHER, fmine, fall, sizeof(float) * (size_t)sp.fslice));
-    for (int q = 0; q < N; q++) any_bad |= fall[(int64_t)q * sp.fslice + sp.fslice - 1] != 0.0f;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t j = 0; j < nbk; j++) {
-      const wblock k = dsv4_wg_block(s, &bl, b0 + j);
-      for (int64_t r = 0; r < k.mb; r++) {
-        const int64_t g = j * bl.mb + r;
-        const float *v = fall + (g / sp.rows) * sp.fslice + (g % sp.rows) * bl.nb;
-        for (int64_t e = 0; e < k.nb; e++) C[(k.m0 + r) * s->N + k.n0 + e] += v[e];
-      }
-    }
+    wsuper_run r = {.b0 = b0, .nbk = nbk, .sp = dsv4_wg_super(&bl, nbk, N), .bad = bad, .sums = acc};
+    r.mine = acc + N * r.sp.rows * w2;
+    DSV4_TRY(super_reduce(x, s, &bl, &r, fall, C, nt, &any_bad));
   }
   DSV4_CHECK(!any_bad, DSV4_ERR_ARG,
              "%s: a weight-gradient term is not finite or not below 2^24 (the exact sums' range)", what);
@@ -499,7 +520,9 @@ uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int
   const wsuper sp = dsv4_wg_super(&big, DSV4_WG_SUPER_BLOCKS, ranks);
   const uint64_t super = (uint64_t)(ranks + 1) * ((uint64_t)sp.rows * 2 * BLOCK_COLS * sizeof(int64_t) +
                                                   (uint64_t)sp.fslice * sizeof(float));
-  const uint64_t streamed = ranks > 1 ? super : panels > DSV4_WG_GROUP ? sums * nthr : 0;
+  /* (and the transport's ring buffer for int64 reduce-scatters, cp/comm.h) */
+  const uint64_t ring = 2 * DSV4_COMM_RING_INT64 * sizeof(int64_t);
+  const uint64_t streamed = ranks > 1 ? super + ring : panels > DSV4_WG_GROUP ? sums * nthr : 0;
   uint64_t sinks = 0, rows = 0;
   keep_costs(cf, selects, n, &sinks, &rows);
   const int keep = dsv4_wgrad_keep_rows(cf, selects, n);

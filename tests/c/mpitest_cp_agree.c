@@ -1,13 +1,17 @@
 /* mpitest_cp_agree.c: run under mpirun (tests/test_cp.py). Ranks that disagree on their inputs
  * (packing meta, local row count, configuration) must ALL get DSV4_ERR_COMM from the patched
  * layer with a message saying what differs, and nobody may hang; afterwards a consistent call
- * works. Rank 0 prints one PASS/FAIL line per case for the whole group. */
+ * works. And the MPI transport's own int64 reduce-scatter (a ring of pairwise exchanges, in
+ * messages of at most DSV4_COMM_RING_INT64) gives MPI_Reduce_scatter_block's sums, wrapping ones
+ * included, over several messages. Rank 0 prints one PASS/FAIL line per case for the whole group. */
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cp/comm.h"
 #include "dsv4cp_mpi.h"
 #include "testutil.h"
+#include "util/rng.h"
 
 #define T_TOKENS 32
 
@@ -56,6 +60,27 @@ static void verdict(const char *name, dsv4_status st, const char *msg, dsv4_stat
   if (rank == 0) tu_check(all == size, "%s: %d of %d ranks got the expected result (rank 0: %s)", name, all, size, msg);
 }
 
+/* The transport's int64 reduce-scatter against MPI's, over 2 full messages and a part of one. */
+static void ring_sums(int rank, int size) {
+  const size_t n = 2 * DSV4_COMM_RING_INT64 + 1001;
+  int64_t *send = malloc(sizeof(int64_t) * n * (size_t)size), *got = malloc(sizeof(int64_t) * n);
+  int64_t *want = malloc(sizeof(int64_t) * n);
+  dsv4_comm *c = NULL;
+  int ok = send && got && want && dsv4_comm_create_mpi(&c, MPI_COMM_WORLD) == DSV4_OK;
+  for (size_t i = 0; ok && i < n * (size_t)size; i++) /* large values: some sums wrap, as MPI_SUM's do */
+    send[i] = (int64_t)(dsv4_mix64((uint64_t)(rank * 7919) + i) >> (i % 3 ? 20 : 1));
+  ok = ok && dsv4_comm_reduce_scatter(c, send, got, n, DSV4_RED_I64) == DSV4_OK &&
+       MPI_Reduce_scatter_block(send, want, (int)n, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS &&
+       !memcmp(got, want, sizeof(int64_t) * n);
+  int all = 0;
+  MPI_Reduce(&ok, &all, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+  if (rank == 0)
+    tu_check(all == size, "transport: the ring's int64 reduce-scatter of %zu per rank equals MPI's on %d of %d ranks", n,
+             all, size);
+  dsv4_comm_free(c);
+  free(send), free(got), free(want);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   int rank, size;
@@ -96,6 +121,7 @@ int main(int argc, char **argv) {
   else
     verdict("an indivisible split fails on every rank", st, msg, DSV4_ERR_ARG, "multiple of", rank, size);
   destroy(&s);
+  ring_sums(rank, size);
   MPI_Finalize();
   return rank == 0 ? tu_finish() : 0;
 }
