@@ -10,8 +10,8 @@
 cd "$(dirname "$0")/.." || exit 2
 . bench/common.sh
 P=build-prof
-make --no-print-directory BUILD=$P OPT="-O3 -march=native -fno-omit-frame-pointer -g" $P/dsv4cp > $P.log 2>&1 ||
-  { tail -n 20 $P.log; exit 1; }
+mkdir -p $P && make --no-print-directory BUILD=$P OPT="-O3 -march=native -fno-omit-frame-pointer -g" $P/dsv4cp > $P/build.log 2>&1 ||
+  { tail -n 20 $P/build.log; exit 1; }
 CFLAGS_P="-O2 -g -fno-omit-frame-pointer -fopenmp -I/usr/include/x86_64-linux-gnu/openblas-openmp"
 mpicc $CFLAGS_P -c bench/gemmprof.c -o $P/gemmprof.o || exit 1
 mpicc -o $P/dsv4cp-gemmprof $P/obj/tools/*.o $P/libdsv4cp.a $P/gemmprof.o -Wl,--wrap=cblas_sgemm \
