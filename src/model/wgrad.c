@@ -384,6 +384,7 @@ static dsv4_status super_reduce(dsv4_xfer *x, const dsv4_wshape *s, const blocki
   const int N = x->comm->size, me = x->comm->rank;
   const int64_t rows = r->nbk * bl->mb, w2 = 2 * bl->nb, R = r->sp.rows, fs = r->sp.fslice;
   float *fmine = fall + (int64_t)N * fs;
+  (void)nt; /* in a pragma only (builds without OpenMP) */
   memset(r->sums + rows * w2, 0, sizeof(int64_t) * (size_t)((N * R - rows) * w2)); /* the slices' padding */
   DSV4_TRY(dsv4_xfer_reduce_scatter_i64(x, DSV4_MSG_WGRAD_SUMS, r->sums, r->mine, (size_t)(R * w2)));
   for (int64_t i = 0; i < R && me * R + i < rows; i++) { /* this rank's rows, rounded once */
