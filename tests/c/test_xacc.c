@@ -67,14 +67,15 @@ static void order_independent(void) {
   free(t), free(ord);
 }
 
-/* The vector path of dsv4_xacc_add (AVX2 builds) gives the scalar reference's bits, bad terms
- * included (refused by both wherever they fall in a vector), over rounds that make carries. */
+/* The vector paths of dsv4_xacc_add (AVX-512 and AVX2 builds) give the scalar reference's bits, bad
+ * terms included (refused by both wherever they fall in a vector), over rounds that make carries.
+ * N = 8 k + 5: an AVX-512 build runs all three paths (1000 elements by eights, 4 by fours, 1 alone). */
 static void vector_is_scalar(void) {
-  enum { N = 1001 };
+  enum { N = 1005 };
   float *t = malloc(sizeof(float) * N);
   int64_t *v = calloc(4 * N, sizeof(int64_t)), *s = v + 2 * N;
   terms(t, N);
-  t[17] = NAN, t[500] = 0x1p30f, t[999] = -INFINITY, t[3] = -0x1p-60f, t[4] = 0x1p23f;
+  t[17] = NAN, t[500] = 0x1p30f, t[999] = -INFINITY, t[3] = -0x1p-60f, t[4] = 0x1p23f, t[1002] = -0x1p23f;
   int bv = 0, bs = 0;
   for (int rep = 0; rep < 5; rep++) {
     bv |= dsv4_xacc_add(v, v + N, t, N);
@@ -82,12 +83,23 @@ static void vector_is_scalar(void) {
   }
   tu_check(bv && bs && !memcmp(v, s, sizeof(int64_t) * 2 * N),
            "xacc: the %s add equals the scalar reference, bad terms refused by both",
-#ifdef __AVX2__
+#if defined(__AVX512F__)
+           "AVX-512 (and AVX2 tail)"
+#elif defined(__AVX2__)
            "AVX2"
 #else
            "(this build: scalar)"
 #endif
   );
+  /* a bad term alone in each path's part is seen (the flags of the paths are combined) */
+  for (int at = 0; at < 3; at++) {
+    const int e = at == 0 ? 8 : at == 1 ? 1001 : 1004; /* by eights (or fours), by fours, alone */
+    memset(v, 0, sizeof(int64_t) * 2 * N);
+    for (int i = 0; i < N; i++) t[i] = 0.5f;
+    t[e] = NAN;
+    tu_check(dsv4_xacc_add(v, v + N, t, N) && v[e] == 0 && v[N + e] == 0 && v[e + 1 - 2 * (e == N - 1)] != 0,
+             "xacc: a bad term at element %d alone is refused, its neighbours added", e);
+  }
   free(t), free(v);
 }
 
