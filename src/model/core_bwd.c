@@ -94,6 +94,7 @@ static dsv4_status begin_sinks(dsv4_core *c) {
   const int64_t D = cf->head_dim, Di = cf->index_head_dim, H = cf->n_heads;
   snprintf(st->sink_what, sizeof st->sink_what, "layer %d backward", c->layer);
   dsv4_wsinks_begin(ks, c->impl, st->sink_what);
+  if (!c->xfer.comm || c->xfer.comm->size == 1) dsv4_wsinks_last_rows(ks, dm->n);
   DSV4_TRY(dsv4_wsinks_add(ks, dsv4_w(g, W_SINK), H, H, NULL, 0));
   if (dm->compresses) {
     const int64_t cD = (c->ratio == 4 ? 2 : 1) * D;

@@ -539,7 +539,10 @@ uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int
     const uint64_t b = (uint64_t)((ranks > 1 ? ranks : 1) + 1) * (uint64_t)(ds.slice * w) * (2 * sizeof(int64_t) + sizeof(float));
     chunk = b > chunk ? b : chunk;
   }
-  const uint64_t kept = recompute ? (keep ? rows : sinks + chunk) : 0;
+  /* one rank, at most two chunks (panels): the last rounds at once, the first writes no low word
+   * (dsv4_wsinks_last_rows), so the sinks' own words stay unmapped */
+  const int untouched = ranks <= 1 && panels <= 2;
+  const uint64_t kept = recompute ? (keep ? rows : untouched ? 0 : sinks + chunk) : 0;
   const dsv4_wshape shapes[] = {{d, G * Ro, P, T}, {D, d, P, T}, {dq, d, P, T}, {Ro, (H / G) * D, P, T},
                                 {H * D, dq, P, T}, {(int64_t)cf->index_n_heads * cf->index_head_dim, dq, P, T},
                                 {cf->index_n_heads, d, P, T}};
@@ -555,6 +558,7 @@ uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int
 
 void dsv4_wsinks_begin(dsv4_wsinks *s, dsv4_impl impl, const char *what) {
   memset(s, 0, sizeof *s);
+  s->last_rows = -1;
   s->impl = impl;
   s->what = what;
   s->active = 1;
@@ -613,6 +617,7 @@ dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape 
   dsv4_wsink *k = &s->s[s->count];
   memset(k, 0, sizeof *k);
   k->out = C, k->n = shape->M * shape->N, k->w = shape->N, k->shape = *shape, k->n_blocks = bl.bm * bl.bn;
+  k->rows_left = -1;
   if (s->pool && s->pool_n - s->pool_used >= k->n) { /* zeros, as a fresh allocation's pages */
     k->dlo = s->pool + s->pool_used, k->lo_lent = 1;
     s->pool_used += k->n;
@@ -625,7 +630,7 @@ dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape 
   DSV4_ALLOC(k->dused, k->n_blocks);
   /* a fresh backward's tensor is zeros: its floats hold the doubles' high halves until finish */
   if (!zero_bits(C, k->n)) DSV4_ALLOC(k->dhi, k->n);
-  else k->dhi = (dsv4_u32a *)C;
+  else k->dhi = (dsv4_u32a *)C, k->rows_left = s->last_rows; /* (its last add may then write it) */
   s->count++;
 fail:
   if (rc != DSV4_OK && s->count < DSV4_WSINKS_MAX) {
@@ -637,6 +642,8 @@ fail:
   }
   return rc;
 }
+
+void dsv4_wsinks_last_rows(dsv4_wsinks *s, int64_t rows) { s->last_rows = rows > 0 ? rows : -1; }
 
 int dsv4_wsinks_lend(dsv4_wsinks *s, float *spare, int64_t n) {
   if (!spare || n <= 0 || s->pool || !zero_bits(spare, n)) return 0;
@@ -659,19 +666,37 @@ int dsv4_wsinks_lend(dsv4_wsinks *s, float *spare, int64_t n) {
 /* Whether product sink k's high halves live in its tensor (it was zero at registration). */
 static inline int dhi_in_out(const dsv4_wsink *k) { return (const void *)k->dhi == (const void *)k->out; }
 
-/* Double e of product sink k, read and written. */
-static inline double dget(const dsv4_wsink *k, int64_t e) {
-  const uint64_t b = (uint64_t)k->dhi[e] << 32 | k->dlo[e];
-  double x;
-  memcpy(&x, &b, sizeof x);
-  return x;
+/* Double e of product sink k, read and written, stored as two 32-bit words: its sign, exponent and
+ * top 23 fraction bits as a float's (x truncated to a float: the double's exponent less 896, the
+ * two biases' difference), and its other 29 fraction bits. A sum of one product's floats has a low
+ * word of 0, so a sink that gets one chunk before its last (dsv4_wsinks_last_rows) never writes its
+ * low words. x is zero or a sum of terms on the 2^-66 grid below 2^47: its exponent fits. Integer
+ * steps only (they vectorise). */
+#define DEXP_SHIFT ((uint64_t)896 << 52)
+/* Doubles [at, at + n) of sink k into o. */
+static void drow_get(const dsv4_wsink *k, int64_t at, int64_t n, double *restrict o) {
+  const dsv4_u32a *restrict hw = k->dhi + at, *restrict lw = k->dlo + at;
+  for (int64_t e = 0; e < n; e++) {
+    const uint64_t hi = hw[e], mag = hi & 0x7fffffffu;
+    const uint64_t b = (hi & 0x80000000u) << 32 | (mag ? (mag << 29) + DEXP_SHIFT : 0) | lw[e];
+    memcpy(&o[e], &b, sizeof b);
+  }
 }
 
-static inline void dput(dsv4_wsink *k, int64_t e, double x) {
-  uint64_t b;
-  memcpy(&b, &x, sizeof b);
-  k->dhi[e] = (uint32_t)(b >> 32);
-  k->dlo[e] = (uint32_t)b;
+/* o [n] into doubles [at, at + n) of sink k. lo_zero: their low words are known to be zero (a fresh
+ * block's): a row whose low words all stay zero is not written (its pages stay unmapped). */
+static void drow_put(dsv4_wsink *k, int64_t at, int64_t n, const double *restrict o, int lo_zero) {
+  uint32_t lw[BLOCK_COLS], any = 0;
+  dsv4_u32a *restrict hw = k->dhi + at;
+  for (int64_t e = 0; e < n; e++) {
+    uint64_t b;
+    memcpy(&b, &o[e], sizeof b);
+    const uint64_t mag = b & 0x7fffffffffffffffu;
+    hw[e] = (uint32_t)(b >> 32 & 0x80000000u) | (mag ? (uint32_t)((mag - DEXP_SHIFT) >> 29) : 0);
+    lw[e] = (uint32_t)(mag & ((1u << 29) - 1));
+    any |= lw[e];
+  }
+  if (any || !lo_zero) memcpy((void *)(k->dlo + at), lw, sizeof(uint32_t) * (size_t)n);
 }
 
 /* Sink k's doubles [at, at + n) += the k terms t[q] [n], into o: 0 when every add was exact (o then
@@ -680,7 +705,8 @@ static inline void dput(dsv4_wsink *k, int64_t e, double x) {
 static int drow_try(const dsv4_wsink *ks, int64_t at, int fresh, const float *const *t, int k, int64_t n,
                     double *restrict o, int *bad) {
   int inexact = 0, b = 0;
-  for (int64_t e = 0; e < n; e++) o[e] = fresh ? 0.0 : dget(ks, at + e);
+  if (fresh) memset(o, 0, sizeof(double) * (size_t)n);
+  else drow_get(ks, at, n, o);
   for (int q = 0; q < k; q++) {
     const float *restrict tq = t[q];
     for (int64_t e = 0; e < n; e++) {
@@ -700,11 +726,20 @@ static int drow_try(const dsv4_wsink *ks, int64_t at, int fresh, const float *co
   return inexact;
 }
 
-/* An exact double sum (a multiple of 2^-66 below 2^47) as normalised xacc hi, lo. */
-static inline void dsum_xacc(double x, int64_t *hi, int64_t *lo) {
-  const double u = x * 0x1p16, a = floor(u);
-  *hi = (int64_t)a;
-  *lo = (int64_t)((u - a) * 0x1p50);
+/* Exact double sums o [n] (multiples of 2^-66 below 2^47) as normalised xacc hi, lo. */
+static void drow_xacc(const double *restrict o, int64_t n, int64_t *restrict hi, int64_t *restrict lo) {
+  for (int64_t e = 0; e < n; e++) {
+    const double u = o[e] * 0x1p16, a = floor(u);
+    hi[e] = (int64_t)a;
+    lo[e] = (int64_t)((u - a) * 0x1p50);
+  }
+}
+
+/* Doubles [at, at + n) of sink k as xacc hi, lo (n <= BLOCK_COLS). */
+static void drow_get_xacc(const dsv4_wsink *k, int64_t at, int64_t n, int64_t *hi, int64_t *lo) {
+  double o[BLOCK_COLS];
+  drow_get(k, at, n, o);
+  drow_xacc(o, n, hi, lo);
 }
 
 /* Block q of sink k to xacc sums: [mb rows] x [2 nb] (a row's hi, then lo). NULL: out of memory. */
@@ -713,15 +748,39 @@ static int64_t *dsum_promote(const dsv4_wsink *k, const wblock *q) {
   for (int64_t r = 0; x && r < q->mb; r++) {
     const int64_t at = (q->m0 + r) * k->w + q->n0;
     int64_t *h = x + r * 2 * q->nb;
-    for (int64_t e = 0; e < q->nb; e++) dsum_xacc(dget(k, at + e), &h[e], &h[q->nb + e]);
+    drow_get_xacc(k, at, q->nb, h, h + q->nb);
   }
   return x;
 }
 
+/* The last add of block q of sink k on one rank (dsv4_wsinks_last_rows): per row, the sum so far
+ * (its doubles, its xacc rows, or zero) as xacc sums in registers, plus the kk terms tr of the
+ * group, rounded once into the tensor, i.e. what finish would store: 0 + the value (out held the
+ * row's high halves and was zero at registration). Lent low halves are zeroed for their owner. */
+static int dsum_last_block(dsv4_wsink *k, const wblock *q, int64_t b, const float *t, int64_t kk, int fresh) {
+  int64_t h[2 * BLOCK_COLS];
+  const float *tr[DSV4_WG_GROUP];
+  const int64_t mn = q->mb * q->nb;
+  int bad = 0;
+  for (int64_t r = 0; r < q->mb; r++) {
+    const int64_t at = (q->m0 + r) * k->w + q->n0;
+    if (k->promo[b]) memcpy(h, k->promo[b] + r * 2 * q->nb, sizeof(int64_t) * (size_t)(2 * q->nb));
+    else if (fresh) memset(h, 0, sizeof(int64_t) * (size_t)(2 * q->nb));
+    else drow_get_xacc(k, at, q->nb, h, h + q->nb);
+    for (int64_t j = 0; j < kk; j++) tr[j] = t + j * mn + r * q->nb;
+    bad |= dsv4_xacc_addk_(h, h + q->nb, tr, (int)kk, q->nb, 0);
+    for (int64_t e = 0; e < q->nb; e++) k->out[at + e] = 0.0f + dsv4_xacc_value(h[e], h[q->nb + e]);
+    if (k->lo_lent && !fresh) memset((void *)(k->dlo + at), 0, sizeof(float) * (size_t)q->nb);
+  }
+  return bad;
+}
+
 /* Block b of product sink k += the views' panel products (groups of dsv4_wg_group()), into its
- * doubles or, once that fails, its xacc sums. Returns bit 0: a bad term, bit 1: out of memory. */
+ * doubles or, once that fails, its xacc sums; last (one group at most): the block's last terms,
+ * rounded into the tensor at once (dsum_last_block). Returns bit 0: a bad term, bit 1: out of
+ * memory. */
 static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview *v, int64_t nv, float *t,
-                      dsv4_impl impl) {
+                      int last, dsv4_impl impl) {
   const wblock q = dsv4_wg_block(&k->shape, bl, b);
   const int64_t mn = q.mb * q.nb, G = dsv4_wg_group();
   float *za = t + DSV4_WG_GROUP * mn;
@@ -733,6 +792,10 @@ static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview 
    * against 0.2 s per 537 MB here) */
   const int fresh = !k->dused[b];
   if (nv > 0) k->dused[b] = 1;
+  if (last) {
+    for (int64_t j = 0; j < nv; j++) panel_product(&v[j], q.m0, q.mb, q.n0, q.nb, t + j * mn, za, impl);
+    return dsum_last_block(k, &q, b, t, nv, fresh);
+  }
   for (int64_t g0 = 0; g0 < nv; g0 += G) {
     const int64_t kk = nv - g0 < G ? nv - g0 : G;
     for (int64_t j = 0; j < kk; j++) panel_product(&v[g0 + j], q.m0, q.mb, q.n0, q.nb, t + j * mn, za, impl);
@@ -740,8 +803,11 @@ static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview 
       for (int64_t j = 0; j < kk; j++) tr[j] = t + j * mn + r * q.nb;
       if (!k->promo[b]) {
         const int64_t at = (q.m0 + r) * k->w + q.n0;
-        if (!drow_try(k, at, fresh && g0 == 0, tr, (int)kk, q.nb, o, &bad)) {
-          for (int64_t e = 0; e < q.nb; e++) dput(k, at + e, o[e]);
+        const int first = fresh && g0 == 0;
+        if (!drow_try(k, at, first, tr, (int)kk, q.nb, o, &bad)) {
+          /* a first write of one product's floats leaves every low half zero: its pages are not
+           * written (they stay unmapped zeros until a second product's terms need them) */
+          drow_put(k, at, q.nb, o, first);
           continue;
         }
         /* rows above r hold this group already, rows from r on do not: the xacc adds go on from r */
@@ -784,9 +850,11 @@ static dsv4_status dsum_store(dsv4_wsink *k, dsv4_xfer *xf) {
       for (int64_t j = 0; j < bl.bn; j++) {
         const wblock q = dsv4_wg_block(&k->shape, &bl, bi * bl.bn + j);
         const int64_t *p = k->promo[bi * bl.bn + j];
-        for (int64_t e = 0; e < q.nb; e++) {
-          if (p) h[q.n0 + e] = p[(gr - q.m0) * 2 * q.nb + e], h[w + q.n0 + e] = p[(gr - q.m0) * 2 * q.nb + q.nb + e];
-          else dsum_xacc(dget(k, gr * w + q.n0 + e), &h[q.n0 + e], &h[w + q.n0 + e]);
+        if (p) {
+          memcpy(h + q.n0, p + (gr - q.m0) * 2 * q.nb, sizeof(int64_t) * (size_t)q.nb);
+          memcpy(h + w + q.n0, p + (gr - q.m0) * 2 * q.nb + q.nb, sizeof(int64_t) * (size_t)q.nb);
+        } else {
+          drow_get_xacc(k, gr * w + q.n0, q.nb, h + q.n0, h + w + q.n0);
         }
       }
     }
@@ -874,7 +942,7 @@ fail:
 }
 
 /* Runs (full ones, and assembled panels) into the sums of product sink k (dsum_block). */
-static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel *pan, int64_t n_pan,
+static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel *pan, int64_t n_pan, int last,
                    dsv4_impl impl, dsv4_status *rc) {
   const dsv4_wshape *s = &k->shape;
   const blocking bl = dsv4_wg_blocks(s);
@@ -885,6 +953,7 @@ static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel
   int bad = 0;
   *rc = views_of(s, runs, n_runs, pan, n_pan, &views, &n_views);
   if (*rc != DSV4_OK) return 0;
+  last = last && n_views <= dsv4_wg_group(); /* one group: the last terms' sums stay in registers */
   /* the per-thread products in the backward's kept scratch: a fresh buffer per call (one per chunk
    * and product) was faulted in and cleared by the kernel each time, ~10 MB per thread */
   float *tb = NULL;
@@ -897,8 +966,9 @@ static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(| : bad)
   for (int64_t b = 0; b < bl.bm * bl.bn; b++) {
     dsv4_blas_serial();
-    bad |= dsum_block(k, &bl, b, views, n_views, tb + dsv4_thread_id() * tper, impl);
+    bad |= dsum_block(k, &bl, b, views, n_views, tb + dsv4_thread_id() * tper, last, impl);
   }
+  k->done = last && !(bad & 2);
   free(views);
   if (bad & 2) *rc = dsv4__err(DSV4_ERR_NOMEM, __FILE__, __LINE__, "out of memory for a weight-gradient block's sums");
   return bad & 1;
@@ -909,11 +979,14 @@ dsv4_status dsv4_wsinks_product(dsv4_wsinks *s, float *C, const dsv4_wpiece *pc)
   wrun *runs = NULL;
   int64_t n_runs = 0;
   dsv4_wsink *k = dsv4_wsinks_of(s, C);
-  DSV4_CHECK(k && k->shape.M > 0, DSV4_ERR_STATE, "internal: product into an unregistered gradient");
+  DSV4_CHECK(k && k->shape.M > 0 && !k->done, DSV4_ERR_STATE, "internal: product into an unregistered gradient");
   DSV4_TRY(runs_of(&k->shape, pc, 1, &runs, &n_runs));
   for (int64_t j = 0; j < n_runs; j++)
     if (!run_full(&k->shape, &runs[j])) DSV4_TRY(stash(k, &runs[j]));
-  s->bad |= add_all(k, runs, n_runs, NULL, 0, s->impl, &rc);
+  /* this rank's last rows, nothing kept for finish: rounded into the tensor now */
+  const int last = k->rows_left == pc->n && k->ns == 0;
+  k->rows_left = k->rows_left >= pc->n ? k->rows_left - pc->n : -1;
+  s->bad |= add_all(k, runs, n_runs, NULL, 0, last, s->impl, &rc);
 fail:
   free(runs);
   return rc;
@@ -929,7 +1002,7 @@ static dsv4_status finish_partials(dsv4_wsinks *s, dsv4_wsink *k, dsv4_xfer *x) 
   DSV4_TRY(runs_of(&k->shape, &pc, 1, &runs, &n_runs));
   DSV4_TRY(gather_partials(x, &k->shape, runs, n_runs, &pan, &n_pan));
   /* kept rows of consecutive chunks may fill a panel by themselves: those runs are full here */
-  s->bad |= add_all(k, runs, n_runs, pan, n_pan, s->impl, &rc);
+  s->bad |= add_all(k, runs, n_runs, pan, n_pan, 0, s->impl, &rc);
 fail:
   if (!active_sinks) scratch_release(); /* a call outside a backward keeps nothing */
   free(runs);
@@ -987,7 +1060,7 @@ dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_xfer *x) {
   for (int i = 0; i < s->count; i++) {
     dsv4_wsink *k = &s->s[i];
     DSV4_TRY(dsv4_wsinks_settle(s, k)); /* local ones' sums outlive this set when external */
-    if (k->dlo) DSV4_TRY(finish_partials(s, k, x));
+    if (k->dlo && !k->done) DSV4_TRY(finish_partials(s, k, x));
   }
   /* the vector sinks in one message, with the ranks' bad-term flags */
   for (int i = 0; i < s->count; i++)
@@ -1002,7 +1075,7 @@ dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_xfer *x) {
   DSV4_CHECK(!vec[nv], DSV4_ERR_ARG, "%s: a gradient term is not finite or not below 2^24 (the exact sums' range)",
              s->what);
   for (int i = 0; i < s->count; i++)
-    if (s->s[i].dlo) DSV4_TRY(dsum_store(&s->s[i], x));
+    if (s->s[i].dlo && !s->s[i].done) DSV4_TRY(dsum_store(&s->s[i], x));
   at = 0;
   for (int i = 0; i < s->count; i++)
     if (!s->s[i].local && s->s[i].shape.M == 0) {

@@ -100,6 +100,8 @@ typedef struct {
   int64_t **promo;   /* per C block: NULL, or its xacc rows once a double add was not exact */
   uint8_t *dused;    /* per C block: its doubles were written (else they are zero, unread) */
   int64_t n_blocks;
+  int64_t rows_left; /* rows still to come on this rank (dsv4_wsinks_last_rows), -1: not counted */
+  int done;          /* its last rows came: out holds the rounded sum, finish has nothing to do */
   float *sa, *sb;
   int64_t *sg;
   uint8_t *sk;
@@ -111,6 +113,7 @@ typedef struct {
   int count, bad, active;
   dsv4_u32a *pool;   /* a lent zero tensor's floats, for product sinks' low halves */
   int64_t pool_n, pool_used;
+  int64_t last_rows; /* dsv4_wsinks_last_rows (-1: none) */
   dsv4_impl impl;
   const char *what;
 } dsv4_wsinks;
@@ -132,6 +135,13 @@ dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape 
  * a spare of zeros (every bit) is taken; finish (or an error) leaves it zero again. Returns whether
  * it was taken. */
 int dsv4_wsinks_lend(dsv4_wsinks *s, float *spare, int64_t n);
+/* A backward on one rank whose every product sink gets `rows` rows in all (over its chunks): a
+ * product sink of a zero tensor registered after this call rounds its sums into the tensor when its
+ * last rows come (when no partial panel is kept and they form one group), not at finish, so its
+ * low halves are never written when it gets at most two calls (1024 tokens: its pages stay
+ * unmapped). The same bits: the same exact sum, rounded once by the same function. Not under CP
+ * (the ranks' sums are added at finish). */
+void dsv4_wsinks_last_rows(dsv4_wsinks *s, int64_t rows);
 /* The sink of out (NULL: none). */
 dsv4_wsink *dsv4_wsinks_of(dsv4_wsinks *s, const float *out);
 /* Terms t [rows, w'] added to the sink of out element by element (serial). */

@@ -286,7 +286,8 @@ static void wgrad_panels(void) {
  * block column (a double cannot hold the sum: that block moves), by 2^-10 in the second (exact in
  * a double: it stays), every term near 2^-57 (below xacc's grid's 24 bits: rounded to it as xacc
  * does), and chunks that cut panels; the tensor zero or not, the low halves in a lent zero tensor
- * or not (dsv4_wsinks_lend: zero again after). Every case: the same bits. Random terms rarely tell an
+ * or not (dsv4_wsinks_lend: zero again after), the last chunk rounded into the tensor at once or at
+ * finish (dsv4_wsinks_last_rows). Every case: the same bits. Random terms rarely tell an
  * inexact double from an exact sum once rounded to a float, so one element is built where they
  * differ (a double without the exactness test fails it). */
 static void wgrad_double_sums(void) {
@@ -309,10 +310,12 @@ static void wgrad_double_sums(void) {
     for (int64_t i = 0; i < T; i++)
       for (int64_t e = 0; e < N; e++)
         B[i * N + e] *= cases[c].every * (i / P != 1 ? 1.0f : e < 512 ? cases[c].cols : cases[c].rest);
-    for (int v = 0; v < 4; v++) {
+    for (int v = 0; v < 12; v++) {
       /* the tensor's value before: finish adds the sum to it; zeros lend their floats to the sums'
-       * high halves; lend: another zero tensor holds the low halves */
-      const int zero = v & 1, lend = v >> 1;
+       * high halves; lend: another zero tensor holds the low halves; last: a one-rank backward's
+       * count of rows (dsv4_wsinks_last_rows), whole-panel chunks, the last rounded at once (the
+       * scaled panel 1 in a middle chunk, or in the last with panel 2) */
+      const int zero = v & 1, lend = (v >> 1) & 1, last = v >> 2;
       if (zero) memset(C0, 0, sizeof(float) * M * N);
       else tu_fill(C0, M * N, 13, 1.0f);
       memcpy(C1, C0, sizeof(float) * M * N);
@@ -322,9 +325,13 @@ static void wgrad_double_sums(void) {
       tu_ok(dsv4_wgrad_exact(NULL, &sh, &whole, 1, C0, DSV4_IMPL_FAST, "test"), "wgrad whole");
       dsv4_threads_leave(old);
       old = dsv4_threads_enter(2);
-      static const int64_t cut[] = {0, 512, 700, 1024, 1300}; /* a whole panel, then pieces of panel 1 */
+      static const int64_t cuts[3][5] = {{0, 512, 700, 1024, 1300}, /* a whole panel, then pieces of panel 1 */
+                                         {0, 512, 1024, 1300, 1300},
+                                         {0, 512, 1300, 1300, 1300}};
+      const int64_t *cut = cuts[last];
       dsv4_wsinks ks;
       dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "test");
+      if (last) dsv4_wsinks_last_rows(&ks, T);
       memset(spare, 0, sizeof(float) * M * N);
       spare[M * N] = 1.0f; /* beyond the lent part: not the pool's, must stay */
       if (lend) tu_check(dsv4_wsinks_lend(&ks, spare, M * N), "double sums: a zero spare tensor is lent");
@@ -333,15 +340,26 @@ static void wgrad_double_sums(void) {
                "double sums: the high halves in the tensor iff it is zero");
       tu_check(dsv4_wsinks_of(&ks, C1)->lo_lent == lend && (!lend || (void *)dsv4_wsinks_of(&ks, C1)->dlo == spare),
                "double sums: the low halves in the lent tensor iff one was lent");
-      for (int k = 0; k < 4; k++) {
+      for (int k = 0; k < 4 && cut[k + 1] > cut[k]; k++) {
         const dsv4_wpiece pc = {.n = cut[k + 1] - cut[k], .A = A + cut[k] * M, .B = B + cut[k] * N, .lda = M,
                                 .ldb = N, .glob = glob + cut[k]};
         tu_ok(dsv4_wsinks_product(&ks, C1, &pc), "sink chunk");
+        const dsv4_wsink *kk = dsv4_wsinks_of(&ks, C1);
+        if (k == 0 && c > 0) { /* one product's floats so far (no block moved): every rest word 0 */
+          int rests = 0;
+          for (int64_t e = 0; e < M * N; e++) rests |= kk->dlo[e] != 0;
+          tu_check(!rests, "double sums, %s: after one panel every low word is zero (a float's sum needs none)",
+                   cases[c].what);
+        }
+        if (cut[k + 1] == T)
+          tu_check(kk->done == (last && zero), "double sums: the last rows %s at once",
+                   last && zero ? "rounded into the zero tensor" : "left for finish");
       }
       tu_ok(dsv4_wsinks_finish(&ks, NULL), "sink finish");
       dsv4_threads_leave(old);
-      tu_check(!memcmp(C0, C1, sizeof(float) * (size_t)(M * N)), "double sums, %s, %s tensor%s: the bits of the xacc sums",
-               cases[c].what, zero ? "a zero" : "an accumulating", lend ? ", low halves lent" : "");
+      tu_check(!memcmp(C0, C1, sizeof(float) * (size_t)(M * N)), "double sums, %s, %s tensor%s%s: the bits of the xacc sums",
+               cases[c].what, zero ? "a zero" : "an accumulating", lend ? ", low halves lent" : "",
+               last == 1 ? ", the last of 3 chunks rounded at once" : last == 2 ? ", the last of 2 chunks rounded at once" : "");
       int clear = spare[M * N] == 1.0f;
       for (int64_t e = 0; e < M * N; e++) clear &= spare[e] == 0.0f && !signbit(spare[e]);
       tu_check(clear, "double sums: the lent tensor is zero again after finish (and nothing beyond it written)");
@@ -376,25 +394,31 @@ static void wgrad_double_sums(void) {
     const dsv4_wshape sh = {M4, N4, P, T4};
     const dsv4_wpiece whole = {.n = T4, .A = A4, .B = B4, .lda = M4, .ldb = N4, .glob = g4};
     tu_ok(dsv4_wgrad_exact(NULL, &sh, &whole, 1, c4[0], DSV4_IMPL_FAST, "test"), "wgrad whole");
-    dsv4_wsinks ks;
-    dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "test");
-    tu_ok(dsv4_wsinks_add_product(&ks, c4[1], &sh), "sink");
-    for (int k = 0; k < 4; k++) { /* chunk by chunk, one panel each, as a recomputed backward */
-      const dsv4_wpiece pc = {.n = P, .A = A4 + k * P * M4, .B = B4 + k * P * N4, .lda = M4, .ldb = N4,
-                              .glob = g4 + k * P};
-      tu_ok(dsv4_wsinks_product(&ks, c4[1], &pc), "sink chunk");
+    for (int last = 0; last < 2; last++) { /* rounded at finish, or with the last chunk */
+      dsv4_wsinks ks;
+      memset(c4[1], 0, sizeof c4[1]);
+      dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "test");
+      if (last) dsv4_wsinks_last_rows(&ks, T4);
+      tu_ok(dsv4_wsinks_add_product(&ks, c4[1], &sh), "sink");
+      for (int k = 0; k < 4; k++) { /* chunk by chunk, one panel each, as a recomputed backward */
+        const dsv4_wpiece pc = {.n = P, .A = A4 + k * P * M4, .B = B4 + k * P * N4, .lda = M4, .ldb = N4,
+                                .glob = g4 + k * P};
+        tu_ok(dsv4_wsinks_product(&ks, c4[1], &pc), "sink chunk");
+      }
+      tu_ok(dsv4_wsinks_finish(&ks, NULL), "sink finish");
+      tu_check(c4[0][0] == 1.0f + 0x1p-23f && c4[1][0] == c4[0][0],
+               "double sums: 1 + 2^-53 + 2^-53 + 2^-24 over 4 chunks is the exact sums' 1 + 2^-23 (got 1 + %g, 1 + %g "
+               "ulp)%s",
+               (double)((c4[0][0] - 1.0f) / 0x1p-23f), (double)((c4[1][0] - 1.0f) / 0x1p-23f),
+               last ? ", the last chunk rounded at once" : "");
     }
-    tu_ok(dsv4_wsinks_finish(&ks, NULL), "sink finish");
-    tu_check(c4[0][0] == 1.0f + 0x1p-23f && c4[1][0] == c4[0][0],
-             "double sums: 1 + 2^-53 + 2^-53 + 2^-24 over 4 chunks is the exact sums' 1 + 2^-23 (got 1 + %g, 1 + %g ulp)",
-             (double)((c4[0][0] - 1.0f) / 0x1p-23f), (double)((c4[1][0] - 1.0f) / 0x1p-23f));
     free(A4), free(B4);
   }
   /* a bad term leaves the tensor as it was (an accumulating one, and a zero one whose floats held
    * the high halves) and names the set */
   A[3 * M] = INFINITY;
-  for (int v = 0; v < 4; v++) {
-    const int zero = v & 1, lend = v >> 1;
+  for (int v = 0; v < 8; v++) {
+    const int zero = v & 1, lend = (v >> 1) & 1, last = v >> 2;
     if (zero) memset(C0, 0, sizeof(float) * M * N);
     else tu_fill(C0, M * N, 13, 1.0f);
     memcpy(C1, C0, sizeof(float) * M * N);
@@ -402,14 +426,15 @@ static void wgrad_double_sums(void) {
     const dsv4_wpiece whole = {.n = T, .A = A, .B = B, .lda = M, .ldb = N, .glob = glob};
     dsv4_wsinks ks;
     dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "wq_b sinks");
+    if (last) dsv4_wsinks_last_rows(&ks, T); /* one call, the last: a zero tensor is written, then restored */
     memset(spare, 0, sizeof(float) * M * N);
     if (lend) dsv4_wsinks_lend(&ks, spare, M * N);
     tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
     tu_ok(dsv4_wsinks_product(&ks, C1, &whole), "sink rows");
     tu_check(dsv4_wsinks_finish(&ks, NULL) == DSV4_ERR_ARG && strstr(dsv4_last_error(), "wq_b sinks") &&
                  !memcmp(C0, C1, sizeof(float) * (size_t)(M * N)),
-             "double sums: a non-finite term is an error naming the set, the %s tensor untouched (%s)",
-             zero ? "zero" : "accumulating", dsv4_last_error());
+             "double sums: a non-finite term is an error naming the set, the %s tensor untouched%s (%s)",
+             zero ? "zero" : "accumulating", last ? " (last rows rounded at once)" : "", dsv4_last_error());
     int clear = 1;
     for (int64_t e = 0; e < M * N; e++) clear &= spare[e] == 0.0f && !signbit(spare[e]);
     tu_check(clear, "double sums: an error leaves the lent tensor zero");
