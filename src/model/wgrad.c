@@ -942,8 +942,8 @@ fail:
 }
 
 /* Runs (full ones, and assembled panels) into the sums of product sink k (dsum_block). */
-static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel *pan, int64_t n_pan, int last,
-                   dsv4_impl impl, dsv4_status *rc) {
+static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel *pan, int64_t n_pan,
+                   int last, dsv4_impl impl, dsv4_status *rc) {
   const dsv4_wshape *s = &k->shape;
   const blocking bl = dsv4_wg_blocks(s);
   const int nt = dsv4_nthreads();
@@ -979,7 +979,8 @@ dsv4_status dsv4_wsinks_product(dsv4_wsinks *s, float *C, const dsv4_wpiece *pc)
   wrun *runs = NULL;
   int64_t n_runs = 0;
   dsv4_wsink *k = dsv4_wsinks_of(s, C);
-  DSV4_CHECK(k && k->shape.M > 0 && !k->done, DSV4_ERR_STATE, "internal: product into an unregistered gradient");
+  DSV4_CHECK(k && k->shape.M > 0 && !k->done, DSV4_ERR_STATE,
+             "internal: product into an unregistered or finished gradient");
   DSV4_TRY(runs_of(&k->shape, pc, 1, &runs, &n_runs));
   for (int64_t j = 0; j < n_runs; j++)
     if (!run_full(&k->shape, &runs[j])) DSV4_TRY(stash(k, &runs[j]));
