@@ -742,6 +742,21 @@ static void drow_get_xacc(const dsv4_wsink *k, int64_t at, int64_t n, int64_t *h
   drow_xacc(o, n, hi, lo);
 }
 
+/* Row r of block b (q) of sink k, its sum so far as xacc hi, lo [q->nb]: its xacc rows once moved,
+ * zero while the block is unused (its doubles are not read), else its doubles. */
+static void block_row_xacc(const dsv4_wsink *k, const wblock *q, int64_t b, int64_t r, int64_t *hi, int64_t *lo) {
+  const int64_t *p = k->promo[b];
+  if (p) {
+    memcpy(hi, p + r * 2 * q->nb, sizeof(int64_t) * (size_t)q->nb);
+    memcpy(lo, p + r * 2 * q->nb + q->nb, sizeof(int64_t) * (size_t)q->nb);
+  } else if (!k->dused[b]) {
+    memset(hi, 0, sizeof(int64_t) * (size_t)q->nb);
+    memset(lo, 0, sizeof(int64_t) * (size_t)q->nb);
+  } else {
+    drow_get_xacc(k, (q->m0 + r) * k->w + q->n0, q->nb, hi, lo);
+  }
+}
+
 /* Block q of sink k to xacc sums: [mb rows] x [2 nb] (a row's hi, then lo). NULL: out of memory. */
 static int64_t *dsum_promote(const dsv4_wsink *k, const wblock *q) {
   int64_t *x = malloc(sizeof(int64_t) * (size_t)(q->mb * 2 * q->nb));
@@ -764,9 +779,7 @@ static int dsum_last_block(dsv4_wsink *k, const wblock *q, int64_t b, const floa
   int bad = 0;
   for (int64_t r = 0; r < q->mb; r++) {
     const int64_t at = (q->m0 + r) * k->w + q->n0;
-    if (k->promo[b]) memcpy(h, k->promo[b] + r * 2 * q->nb, sizeof(int64_t) * (size_t)(2 * q->nb));
-    else if (fresh) memset(h, 0, sizeof(int64_t) * (size_t)(2 * q->nb));
-    else drow_get_xacc(k, at, q->nb, h, h + q->nb);
+    block_row_xacc(k, q, b, r, h, h + q->nb);
     for (int64_t j = 0; j < kk; j++) tr[j] = t + j * mn + r * q->nb;
     bad |= dsv4_xacc_addk_(h, h + q->nb, tr, (int)kk, q->nb, 0);
     for (int64_t e = 0; e < q->nb; e++) k->out[at + e] = 0.0f + dsv4_xacc_value(h[e], h[q->nb + e]);
@@ -791,11 +804,13 @@ static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview 
    * is mapped to the zero page, then copied on the write (two faults instead of one: about 0.35 s
    * against 0.2 s per 537 MB here) */
   const int fresh = !k->dused[b];
-  if (nv > 0) k->dused[b] = 1;
-  if (last) {
+  if (last) { /* (reads dused: the sum so far) */
     for (int64_t j = 0; j < nv; j++) panel_product(&v[j], q.m0, q.mb, q.n0, q.nb, t + j * mn, za, impl);
-    return dsum_last_block(k, &q, b, t, nv, fresh);
+    const int bad_last = dsum_last_block(k, &q, b, t, nv, fresh);
+    k->dused[b] = 1;
+    return bad_last;
   }
+  if (nv > 0) k->dused[b] = 1;
   for (int64_t g0 = 0; g0 < nv; g0 += G) {
     const int64_t kk = nv - g0 < G ? nv - g0 : G;
     for (int64_t j = 0; j < kk; j++) panel_product(&v[g0 + j], q.m0, q.mb, q.n0, q.nb, t + j * mn, za, impl);
@@ -849,13 +864,7 @@ static dsv4_status dsum_store(dsv4_wsink *k, dsv4_xfer *xf) {
       }
       for (int64_t j = 0; j < bl.bn; j++) {
         const wblock q = dsv4_wg_block(&k->shape, &bl, bi * bl.bn + j);
-        const int64_t *p = k->promo[bi * bl.bn + j];
-        if (p) {
-          memcpy(h + q.n0, p + (gr - q.m0) * 2 * q.nb, sizeof(int64_t) * (size_t)q.nb);
-          memcpy(h + w + q.n0, p + (gr - q.m0) * 2 * q.nb + q.nb, sizeof(int64_t) * (size_t)q.nb);
-        } else {
-          drow_get_xacc(k, gr * w + q.n0, q.nb, h + q.n0, h + w + q.n0);
-        }
+        block_row_xacc(k, &q, bi * bl.bn + j, gr - q.m0, h + q.n0, h + w + q.n0);
       }
     }
     /* rows whose tensor held high halves are read: zero again, the value they were registered with

@@ -93,7 +93,8 @@ typedef struct {
   int local;         /* an intermediate sum: not summed over ranks, not stored (its user reads acc) */
   dsv4_wshape shape; /* product sinks (M > 0): rows of partial panels kept for finish */
   dsv4_u32a *dlo;    /* product sinks: [M, N] exact sums as doubles (wgrad.c "double sums"; acc NULL): */
-  dsv4_u32a *dhi;    /* each double's low and high 32 bits; dhi is out's own storage (cast) when out
+  dsv4_u32a *dhi;    /* each double's two words (wgrad.c: its other 29 fraction bits, and it truncated
+                      * to a float); dhi is out's own storage (cast) when out
                       * was zero at registration, else allocated (out keeps its value); dlo lies in
                       * a lent tensor (dsv4_wsinks_lend) where lo_lent, else is allocated */
   int lo_lent;
