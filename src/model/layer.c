@@ -323,9 +323,12 @@ static dsv4_status layer_sinks(dsv4_layer *l, dsv4_weights *grads, dsv4_wsinks *
   DSV4_TRY(dsv4_wsinks_add(ks, dsv4_w(grads, W_Q_NORM), dq, dq, NULL, 0));
   DSV4_TRY(dsv4_wsinks_add(ks, dsv4_w(grads, W_KV_NORM), D, D, NULL, 0));
   if (!l->kq) {
-    /* wo_b's product waits for the sums' finish (its rows u stay whole here: d u is chunk scratch),
-     * so a fresh backward's zero wo_b gradient holds these sinks' low halves meanwhile */
+    /* wo_b's, wq_a's and wkv's products wait for the sums' finish (their rows u, a, x and d kv stay
+     * whole here: d u is chunk scratch, d qr goes into a's rows, d kv into its own), so a fresh
+     * backward's zero wo_b, wq_a and wkv gradients hold these sinks' low halves meanwhile */
     dsv4_wsinks_lend(ks, dsv4_w(grads, W_WO_B), cf->dim * G * Ro);
+    dsv4_wsinks_lend(ks, dsv4_w(grads, W_WQ_A), dq * cf->dim);
+    dsv4_wsinks_lend(ks, dsv4_w(grads, W_WKV), D * cf->dim);
     const dsv4_wshape so = {Ro, HGD, P, T}, sq = {H * D, dq, P, T};
     for (int64_t gi = 0; gi < G; gi++) DSV4_TRY(dsv4_wsinks_add_product(ks, dsv4_w(grads, W_WO_A) + gi * Ro * HGD, &so));
     DSV4_TRY(dsv4_wsinks_add_product(ks, dsv4_w(grads, W_WQ_B), &sq));
@@ -379,7 +382,8 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
   /* The backward consumes the forward's saved rows: u, a and (default mode) q, o, the indexer
    * queries keep the output gradients of the weight products that run over every row at the end.
    * wo_b's first, while u is still u (its dout rows are the caller's: padding rows count as zero);
-   * recomputed with sums (u stays u) after the sums' finish, its tensor lent to them meanwhile. */
+   * recomputed with sums (u stays u) wo_b's, wq_a's and wkv's after the sums' finish, their
+   * tensors lent to them meanwhile. */
   const int wo_b_last = !l->kq;
   if (!wo_b_last) DSV4_TRY(wprod(l, dsv4_w(grads, W_WO_B), d, G * Ro, dout, d, l->sv.u, G * Ro, p->real, "wo_b"));
   /* the same chunks with or without recomputation, so both give the same bits (plan.h) */
@@ -407,9 +411,9 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
     dsv4_rmsnorm_bwd_row(dkv + i * D, t, dkv + i * D, l->sv.c + i * D, dsv4_w(w, W_KV_NORM), l->sv.sc[i], (int)D);
     DSV4_TRY(dsv4_wsinks_terms(ks, dkvn, t, D));
   }
-  DSV4_TRY(wprod(l, dsv4_w(grads, W_WKV), D, d, dkv, D, l->x, d, NULL, "wkv"));
+  if (!wo_b_last) DSV4_TRY(wprod(l, dsv4_w(grads, W_WKV), D, d, dkv, D, l->x, d, NULL, "wkv"));
   DSV4_TRY(dsv4_rows_nn(dx, d, dkv, D, dsv4_w(w, W_WKV), d, n, d, D, p->global, p->panel, 1, l->impl));
-  DSV4_TRY(wprod(l, dsv4_w(grads, W_WQ_A), dq, d, l->sv.a, dq, l->x, d, NULL, "wq_a"));
+  if (!wo_b_last) DSV4_TRY(wprod(l, dsv4_w(grads, W_WQ_A), dq, d, l->sv.a, dq, l->x, d, NULL, "wq_a"));
   if (l->kq) {
     if (!l->recompute) { /* o rotated back in place: op = RoPE_{-p}(o), wo_a's input */
 #pragma omp parallel for schedule(static)
@@ -425,7 +429,11 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
     if (!p->real[i]) memset(dx + i * d, 0, sizeof(float) * (size_t)d);
   begun = 0;
   DSV4_TRY(dsv4_core_bwd_finish(core));
-  if (wo_b_last) DSV4_TRY(wprod(l, dsv4_w(grads, W_WO_B), d, G * Ro, dout, d, l->sv.u, G * Ro, p->real, "wo_b"));
+  if (wo_b_last) {
+    DSV4_TRY(wprod(l, dsv4_w(grads, W_WO_B), d, G * Ro, dout, d, l->sv.u, G * Ro, p->real, "wo_b"));
+    DSV4_TRY(wprod(l, dsv4_w(grads, W_WQ_A), dq, d, l->sv.a, dq, l->x, d, NULL, "wq_a"));
+    DSV4_TRY(wprod(l, dsv4_w(grads, W_WKV), D, d, dkv, D, l->x, d, NULL, "wkv"));
+  }
 fail:
   if (begun) dsv4_core_bwd_abort(core);
   if (consumed) l->valid = 0; /* the saved rows now hold gradients */

@@ -481,19 +481,27 @@ fail:
 }
 
 /* Bytes of the whole-weight product sinks a recomputed backward would need (double sums: 4 per
- * element beside a fresh backward's zero tensor, which holds their high halves, none for those
- * whose low halves the zero wo_b gradient holds (layer.c registers the wo_a groups, then wq_b, each
- * lent what still fits); not counted: 8 beside a tensor that accumulates, and blocks that leave
- * them for xacc sums, which the caller and the data decide), and of the rows that would replace
- * them (dq and the rotated output, n x H D each; the indexer queries' d qI, d w). */
+ * element beside a fresh backward's zero tensor, which holds their high halves, none for the rows
+ * whose low halves the zero wo_b, wq_a and wkv gradients hold (layer.c lends them, then registers
+ * the wo_a groups and wq_b, each taking the whole rows that still fit); not counted: 8 beside a
+ * tensor that accumulates, and blocks that leave them for xacc sums, which the caller and the data
+ * decide), and of the rows that would replace them (dq and the rotated output, n x H D each; the
+ * indexer queries' d qI, d w). */
 static void keep_costs(const dsv4_config *cf, int selects, int64_t n, uint64_t *sink_bytes, uint64_t *row_bytes) {
   const uint64_t H = (uint64_t)cf->n_heads, D = (uint64_t)cf->head_dim, dq = (uint64_t)cf->q_lora_rank;
   const uint64_t G = (uint64_t)cf->o_groups, Ro = (uint64_t)cf->o_lora_rank, d = (uint64_t)cf->dim;
   const uint64_t Hi = (uint64_t)cf->index_n_heads, Di = (uint64_t)cf->index_head_dim;
-  uint64_t el = G * Ro * (H / G) * D + H * D * dq, row = 2 * H * D, pool = d * G * Ro;
-  for (uint64_t g = 0; g < G; g++)
-    if (Ro * (H / G) * D <= pool) pool -= Ro * (H / G) * D, el -= Ro * (H / G) * D;
-  if (H * D * dq <= pool) el -= H * D * dq;
+  uint64_t pool[3] = {d * G * Ro, dq * d, D * d}; /* the lent wo_b, wq_a, wkv gradients (layer.c) */
+  uint64_t el = 0, row = 2 * H * D;
+  for (uint64_t g = 0; g <= G; g++) { /* the wo_a groups, then wq_b: whole rows, first fit */
+    const uint64_t w = g < G ? (H / G) * D : dq;
+    uint64_t rows = g < G ? Ro : H * D;
+    for (int j = 0; j < 3; j++) {
+      const uint64_t fit = pool[j] / w < rows ? pool[j] / w : rows;
+      pool[j] -= fit * w, rows -= fit;
+    }
+    el += rows * w;
+  }
   if (selects) el += Hi * Di * dq + Hi * d, row += Hi * Di + Hi;
   *sink_bytes = el * sizeof(uint32_t);
   *row_bytes = (uint64_t)(n > 0 ? n : 0) * row * sizeof(float);
@@ -618,13 +626,22 @@ dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape 
   memset(k, 0, sizeof *k);
   k->out = C, k->n = shape->M * shape->N, k->w = shape->N, k->shape = *shape, k->n_blocks = bl.bm * bl.bn;
   k->rows_left = -1;
-  if (s->pool && s->pool_n - s->pool_used >= k->n) { /* zeros, as a fresh allocation's pages */
-    k->dlo = s->pool + s->pool_used, k->lo_lent = 1;
-    s->pool_used += k->n;
-  } else {
+  /* the low halves: whole rows from the lent tensors while rows fit (zeros, as a fresh allocation's
+   * pages), the rest allocated */
+  const int64_t w = shape->N, rows = shape->M;
+  int64_t row = 0;
+  for (int j = 0; j < s->n_pool && row < rows; j++) {
+    int64_t fit = (s->pool[j].n - s->pool[j].used) / w;
+    if (fit > rows - row) fit = rows - row;
+    if (fit <= 0) continue;
+    k->lo[k->n_lo++] = (dsv4_wlo){s->pool[j].p + s->pool[j].used, row, 1};
+    s->pool[j].used += fit * w;
+    row += fit;
+  }
+  if (row < rows) {
     uint32_t *lo = NULL;
-    DSV4_ALLOC(lo, k->n); /* zero pages until a block's first add writes them (dsum_block) */
-    k->dlo = lo;
+    DSV4_ALLOC(lo, (rows - row) * w); /* zero pages until a block's first add writes them (dsum_block) */
+    k->lo[k->n_lo++] = (dsv4_wlo){lo, row, 0};
   }
   DSV4_ALLOC(k->promo, k->n_blocks);
   DSV4_ALLOC(k->dused, k->n_blocks);
@@ -634,8 +651,13 @@ dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape 
   s->count++;
 fail:
   if (rc != DSV4_OK && s->count < DSV4_WSINKS_MAX) {
-    if (s->s[s->count].lo_lent) s->pool_used -= s->s[s->count].n;
-    else free(s->s[s->count].dlo);
+    dsv4_wsink *f = &s->s[s->count];
+    for (int j = f->n_lo - 1; j >= 0; j--) { /* lent rows back to their pools (taken last: the top) */
+      const int64_t nr = (j + 1 < f->n_lo ? f->lo[j + 1].row : f->shape.M) - f->lo[j].row;
+      for (int q = 0; f->lo[j].lent && q < s->n_pool; q++)
+        if (f->lo[j].p == s->pool[q].p + s->pool[q].used - nr * f->w) s->pool[q].used -= nr * f->w;
+      if (!f->lo[j].lent) free((void *)f->lo[j].p);
+    }
     free(s->s[s->count].promo);
     free(s->s[s->count].dused);
     memset(&s->s[s->count], 0, sizeof s->s[s->count]);
@@ -646,8 +668,8 @@ fail:
 void dsv4_wsinks_last_rows(dsv4_wsinks *s, int64_t rows) { s->last_rows = rows > 0 ? rows : -1; }
 
 int dsv4_wsinks_lend(dsv4_wsinks *s, float *spare, int64_t n) {
-  if (!spare || n <= 0 || s->pool || !zero_bits(spare, n)) return 0;
-  s->pool = (dsv4_u32a *)spare, s->pool_n = n, s->pool_used = 0;
+  if (!spare || n <= 0 || s->n_pool == DSV4_WSINKS_POOLS || !zero_bits(spare, n)) return 0;
+  s->pool[s->n_pool++] = (dsv4_wpool){(dsv4_u32a *)spare, n, 0};
   return 1;
 }
 
@@ -673,9 +695,30 @@ static inline int dhi_in_out(const dsv4_wsink *k) { return (const void *)k->dhi 
  * low words. x is zero or a sum of terms on the 2^-66 grid below 2^47: its exponent fits. Integer
  * steps only (they vectorise). */
 #define DEXP_SHIFT ((uint64_t)896 << 52)
+/* The piece of sink k's low words that holds row r. */
+static inline int lo_piece(const dsv4_wsink *k, int64_t r) {
+  int j = 0;
+  while (j + 1 < k->n_lo && k->lo[j + 1].row <= r) j++;
+  return j;
+}
+/* Low word at, and the words after it in its row. */
+static inline dsv4_u32a *lo_at(const dsv4_wsink *k, int64_t at) {
+  const int j = lo_piece(k, at / k->w);
+  return k->lo[j].p + (at - k->lo[j].row * k->w);
+}
+/* Rows [r0, r0 + nr) of sink k's low words that lie in lent tensors: zero again, for the lent
+ * tensors' own products (their allocated words are left as they are: unmapped pages stay so). */
+static void lo_clear_lent(const dsv4_wsink *k, int64_t r0, int64_t nr) {
+  for (int j = 0; j < k->n_lo; j++) {
+    const int64_t a = k->lo[j].row > r0 ? k->lo[j].row : r0;
+    const int64_t end = j + 1 < k->n_lo ? k->lo[j + 1].row : k->shape.M, b = end < r0 + nr ? end : r0 + nr;
+    if (k->lo[j].lent && b > a)
+      memset((void *)(k->lo[j].p + (a - k->lo[j].row) * k->w), 0, sizeof(float) * (size_t)((b - a) * k->w));
+  }
+}
 /* Doubles [at, at + n) of sink k into o. */
 static void drow_get(const dsv4_wsink *k, int64_t at, int64_t n, double *restrict o) {
-  const dsv4_u32a *restrict hw = k->dhi + at, *restrict lw = k->dlo + at;
+  const dsv4_u32a *restrict hw = k->dhi + at, *restrict lw = lo_at(k, at);
   for (int64_t e = 0; e < n; e++) {
     const uint64_t hi = hw[e], mag = hi & 0x7fffffffu;
     const uint64_t b = (hi & 0x80000000u) << 32 | (mag ? (mag << 29) + DEXP_SHIFT : 0) | lw[e];
@@ -696,7 +739,7 @@ static void drow_put(dsv4_wsink *k, int64_t at, int64_t n, const double *restric
     lw[e] = (uint32_t)(mag & ((1u << 29) - 1));
     any |= lw[e];
   }
-  if (any || !lo_zero) memcpy((void *)(k->dlo + at), lw, sizeof(uint32_t) * (size_t)n);
+  if (any || !lo_zero) memcpy((void *)lo_at(k, at), lw, sizeof(uint32_t) * (size_t)n);
 }
 
 /* Sink k's doubles [at, at + n) += the k terms t[q] [n], into o: 0 when every add was exact (o then
@@ -783,7 +826,8 @@ static int dsum_last_block(dsv4_wsink *k, const wblock *q, int64_t b, const floa
     for (int64_t j = 0; j < kk; j++) tr[j] = t + j * mn + r * q->nb;
     bad |= dsv4_xacc_addk_(h, h + q->nb, tr, (int)kk, q->nb, 0);
     for (int64_t e = 0; e < q->nb; e++) k->out[at + e] = 0.0f + dsv4_xacc_value(h[e], h[q->nb + e]);
-    if (k->lo_lent && !fresh) memset((void *)(k->dlo + at), 0, sizeof(float) * (size_t)q->nb);
+    if (!fresh && k->lo[lo_piece(k, q->m0 + r)].lent)
+      memset((void *)lo_at(k, at), 0, sizeof(float) * (size_t)q->nb);
   }
   return bad;
 }
@@ -870,7 +914,7 @@ static dsv4_status dsum_store(dsv4_wsink *k, dsv4_xfer *xf) {
     /* rows whose tensor held high halves are read: zero again, the value they were registered with
      * (and the lent tensor's floats that held their low halves, for its own product) */
     if (dhi_in_out(k)) memset(k->out + r0 * w, 0, sizeof(float) * (size_t)(nr * w));
-    if (k->lo_lent) memset((void *)(k->dlo + r0 * w), 0, sizeof(float) * (size_t)(nr * w));
+    lo_clear_lent(k, r0, nr);
     if (N > 1) DSV4_TRY(dsv4_xfer_reduce_scatter_i64(xf, DSV4_MSG_WGRAD_SUMS, x, mine, (size_t)(R * 2 * w)));
     else mine = x;
 #pragma omp parallel for schedule(static)
@@ -908,7 +952,7 @@ static int add_elem(dsv4_wsink *k, int64_t e, float t) {
 dsv4_status dsv4_wsinks_terms(dsv4_wsinks *s, const float *out, const float *t, int64_t n) {
   dsv4_status rc = DSV4_OK;
   dsv4_wsink *k = dsv4_wsinks_of(s, out);
-  DSV4_CHECK(k && !k->dlo && n <= k->n, DSV4_ERR_STATE, "internal: gradient terms for an unregistered tensor");
+  DSV4_CHECK(k && !k->n_lo && n <= k->n, DSV4_ERR_STATE, "internal: gradient terms for an unregistered tensor");
   int bad = 0;
   for (int64_t e = 0; e < n; e++) bad |= add_elem(k, e, t[e]);
   s->bad |= bad;
@@ -918,7 +962,7 @@ fail:
 
 dsv4_status dsv4_wsinks_settle(dsv4_wsinks *s, dsv4_wsink *k) {
   int bad = 0;
-  if (k->dlo) return DSV4_OK; /* a product sink's tensor is not added to before finish */
+  if (k->n_lo) return DSV4_OK; /* a product sink's tensor is not added to before finish */
   for (int64_t e = 0; e < k->n; e++)
     if (k->out[e] != 0.0f) bad |= add_elem(k, e, k->out[e]), k->out[e] = 0.0f;
   s->bad |= bad;
@@ -1025,7 +1069,8 @@ static void sink_free(dsv4_wsink *k) {
   for (int64_t b = 0; k->promo && b < k->n_blocks; b++) free(k->promo[b]);
   free(k->promo);
   free(k->dused);
-  if (!k->lo_lent) free((void *)k->dlo);
+  for (int j = 0; j < k->n_lo; j++)
+    if (!k->lo[j].lent) free((void *)k->lo[j].p);
   if (!dhi_in_out(k)) free(k->dhi);
   free(k->g0);
   free(k->sa);
@@ -1041,11 +1086,13 @@ static void release(dsv4_wsinks *s, int restore) {
   scratch_release();
   for (int i = 0; i < s->count; i++) {
     if (restore && s->s[i].g0) memcpy(s->s[i].out, s->s[i].g0, sizeof(float) * (size_t)s->s[i].n);
-    if (restore && s->s[i].dlo && dhi_in_out(&s->s[i])) memset(s->s[i].out, 0, sizeof(float) * (size_t)s->s[i].n);
+    if (restore && s->s[i].n_lo && dhi_in_out(&s->s[i])) memset(s->s[i].out, 0, sizeof(float) * (size_t)s->s[i].n);
     sink_free(&s->s[i]);
   }
-  if (restore && s->pool) memset((void *)s->pool, 0, sizeof(float) * (size_t)s->pool_used);
-  s->pool = NULL, s->pool_n = s->pool_used = 0;
+  for (int j = 0; restore && j < s->n_pool; j++)
+    memset((void *)s->pool[j].p, 0, sizeof(float) * (size_t)s->pool[j].used);
+  memset(s->pool, 0, sizeof s->pool);
+  s->n_pool = 0;
   s->count = 0;
   s->active = 0;
 }
@@ -1070,7 +1117,7 @@ dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_xfer *x) {
   for (int i = 0; i < s->count; i++) {
     dsv4_wsink *k = &s->s[i];
     DSV4_TRY(dsv4_wsinks_settle(s, k)); /* local ones' sums outlive this set when external */
-    if (k->dlo && !k->done) DSV4_TRY(finish_partials(s, k, x));
+    if (k->n_lo && !k->done) DSV4_TRY(finish_partials(s, k, x));
   }
   /* the vector sinks in one message, with the ranks' bad-term flags */
   for (int i = 0; i < s->count; i++)
@@ -1085,7 +1132,7 @@ dsv4_status dsv4_wsinks_finish(dsv4_wsinks *s, dsv4_xfer *x) {
   DSV4_CHECK(!vec[nv], DSV4_ERR_ARG, "%s: a gradient term is not finite or not below 2^24 (the exact sums' range)",
              s->what);
   for (int i = 0; i < s->count; i++)
-    if (s->s[i].dlo && !s->s[i].done) DSV4_TRY(dsum_store(&s->s[i], x));
+    if (s->s[i].n_lo && !s->s[i].done) DSV4_TRY(dsum_store(&s->s[i], x));
   at = 0;
   for (int i = 0; i < s->count; i++)
     if (!s->s[i].local && s->s[i].shape.M == 0) {
@@ -1105,7 +1152,7 @@ int dsv4_xrows_redirect(const float *out, const int64_t *x, int64_t rows, int64_
   dsv4_wsinks *s = active_sinks;
   for (int i = 0; s && i < s->count; i++) {
     dsv4_wsink *k = &s->s[i];
-    if (k->dlo || !(out >= k->out && out + rows * w <= k->out + k->n)) continue;
+    if (k->n_lo || !(out >= k->out && out + rows * w <= k->out + k->n)) continue;
     const int64_t off = out - k->out;
     for (int64_t r = 0; r < rows; r++)
       for (int64_t e = 0; e < w; e++) {

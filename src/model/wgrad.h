@@ -61,7 +61,8 @@ dsv4_status dsv4_wgrad_exact(dsv4_xfer *x, const dsv4_wshape *s, const dsv4_wpie
  * products (dq, the rotated output, the indexer queries' gradients: n x (2 H D + ...) floats) for
  * products at the end when they take no more memory than whole-weight sinks (half a double per
  * element of wq_b and the indexer's query projections, none for wo_a: a fresh backward's zero
- * tensors hold the rest, each its own high halves, wo_b's wo_a's low ones); else sinks. n is the
+ * tensors hold the rest, each its own high halves, wo_b's, wq_a's and wkv's the low ones of wo_a
+ * and of wq_b's first rows); else sinks. n is the
  * same on every rank, so every rank makes the same choice (the collectives follow it).
  * DSV4_WGRAD_KEEP=rows / sums in the environment forces one (tests: both give the same bits). */
 int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n);
@@ -80,9 +81,26 @@ dsv4_status dsv4_wgrad_traffic(const dsv4_config *cf, const dsv4_layer_info *in,
                                const dsv4_layout *lays, int size, int recompute, dsv4_cp_stats *out);
 
 #define DSV4_WSINKS_MAX 40
+/* lent tensors a set takes, and the pieces a product sink's low halves may lie in (one per pool,
+ * and the allocated rest) */
+#define DSV4_WSINKS_POOLS 3
+#define DSV4_WSINK_LO_PIECES (DSV4_WSINKS_POOLS + 1)
 
 /* 32 bits that may live in a float's storage (a product sink's high halves in its tensor) */
 typedef uint32_t dsv4_u32a __attribute__((may_alias));
+
+/* A piece of a product sink's low words: rows from `row` on, at p (p: the piece's first row). */
+typedef struct {
+  dsv4_u32a *p;
+  int64_t row;
+  int lent; /* in a lent tensor, else allocated */
+} dsv4_wlo;
+
+/* A lent zero tensor's floats: n, of which the first `used` hold product sinks' low words. */
+typedef struct {
+  dsv4_u32a *p;
+  int64_t n, used;
+} dsv4_wpool;
 
 typedef struct {
   float *out;        /* the gradient tensor (zeroed while registered; restored + sum at finish) */
@@ -92,12 +110,14 @@ typedef struct {
   int external;      /* acc belongs to the caller (shared across layer calls): not freed */
   int local;         /* an intermediate sum: not summed over ranks, not stored (its user reads acc) */
   dsv4_wshape shape; /* product sinks (M > 0): rows of partial panels kept for finish */
-  dsv4_u32a *dlo;    /* product sinks: [M, N] exact sums as doubles (wgrad.c "double sums"; acc NULL): */
-  dsv4_u32a *dhi;    /* each double's two words (wgrad.c: its other 29 fraction bits, and it truncated
-                      * to a float); dhi is out's own storage (cast) when out
-                      * was zero at registration, else allocated (out keeps its value); dlo lies in
-                      * a lent tensor (dsv4_wsinks_lend) where lo_lent, else is allocated */
-  int lo_lent;
+  /* product sinks: [M, N] exact sums as doubles (wgrad.c "double sums"; acc NULL), each double's
+   * two words (wgrad.c: it truncated to a float, and its other 29 fraction bits): dhi is out's own
+   * storage (cast) when out was zero at registration, else allocated (out keeps its value); the low
+   * words lie in pieces of whole rows (n_lo > 0 marks a product sink), piece j rows [lo[j].row,
+   * lo[j + 1].row) from lo[j].p (lent: in a lent tensor, dsv4_wsinks_lend; else allocated) */
+  dsv4_u32a *dhi;
+  dsv4_wlo lo[DSV4_WSINK_LO_PIECES];
+  int n_lo;
   int64_t **promo;   /* per C block: NULL, or its xacc rows once a double add was not exact */
   uint8_t *dused;    /* per C block: its doubles were written (else they are zero, unread) */
   int64_t n_blocks;
@@ -112,8 +132,8 @@ typedef struct {
 typedef struct {
   dsv4_wsink s[DSV4_WSINKS_MAX];
   int count, bad, active;
-  dsv4_u32a *pool;   /* a lent zero tensor's floats, for product sinks' low halves */
-  int64_t pool_n, pool_used;
+  dsv4_wpool pool[DSV4_WSINKS_POOLS]; /* lent zero tensors (dsv4_wsinks_lend) */
+  int n_pool;
   int64_t last_rows; /* dsv4_wsinks_last_rows (-1: none) */
   dsv4_impl impl;
   const char *what;
@@ -131,10 +151,11 @@ dsv4_status dsv4_wsinks_add(dsv4_wsinks *s, float *out, int64_t n, int64_t w, in
  * it; an error restores it. */
 dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape *shape);
 /* Lends the floats of spare [n], a gradient tensor that nothing writes until after finish (its own
- * product deferred, as a recomputed backward does for wo_b's), to the low halves of the product
- * sinks registered after this call, while they fit: those then take no memory of their own. Only
- * a spare of zeros (every bit) is taken; finish (or an error) leaves it zero again. Returns whether
- * it was taken. */
+ * product deferred, as a recomputed backward does for wo_b's, wq_a's and wkv's), to the low halves of the
+ * product sinks registered after this call: each takes whole rows from the lent tensors in the
+ * order they were lent, while rows fit, and allocates the rest. Up to DSV4_WSINKS_POOLS tensors;
+ * only a spare of zeros (every bit) is taken; finish (or an error) leaves it zero again. Returns
+ * whether it was taken. */
 int dsv4_wsinks_lend(dsv4_wsinks *s, float *spare, int64_t n);
 /* A backward on one rank whose every product sink gets `rows` rows in all (over its chunks): a
  * product sink of a zero tensor registered after this call rounds its sums into the tensor when its

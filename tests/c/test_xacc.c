@@ -304,18 +304,22 @@ static void wgrad_double_sums(void) {
   float *A = malloc(sizeof(float) * T * M), *B = malloc(sizeof(float) * T * N);
   float *C0 = malloc(sizeof(float) * M * N), *C1 = malloc(sizeof(float) * M * N);
   float *spare = malloc(sizeof(float) * (M * N + 1));
+  /* lent ranges of spare: one tensor for every row; or two that hold 13 rows (and 5 floats more:
+   * not a row) and 11, with floats between and after that are not lent; the other 16 rows allocated */
+  static const int64_t lent_ranges[3][2][2] = {{{0, 0}, {0, 0}}, {{0, 40 * 900}, {0, 0}},
+                                               {{0, 13 * 900 + 5}, {14 * 900, 25 * 900}}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     tu_fill(A, T * M, 11 + c, 1.0f);
     tu_fill(B, T * N, 12 + c, 1.0f);
     for (int64_t i = 0; i < T; i++)
       for (int64_t e = 0; e < N; e++)
         B[i * N + e] *= cases[c].every * (i / P != 1 ? 1.0f : e < 512 ? cases[c].cols : cases[c].rest);
-    for (int v = 0; v < 12; v++) {
+    for (int v = 0; v < 18; v++) {
       /* the tensor's value before: finish adds the sum to it; zeros lend their floats to the sums'
        * high halves; lend: another zero tensor holds the low halves; last: a one-rank backward's
        * count of rows (dsv4_wsinks_last_rows), whole-panel chunks, the last rounded at once (the
        * scaled panel 1 in a middle chunk, or in the last with panel 2) */
-      const int zero = v & 1, lend = (v >> 1) & 1, last = v >> 2;
+      const int zero = v % 2, lend = v / 2 % 3, last = v / 6;
       if (zero) memset(C0, 0, sizeof(float) * M * N);
       else tu_fill(C0, M * N, 13, 1.0f);
       memcpy(C1, C0, sizeof(float) * M * N);
@@ -332,14 +336,25 @@ static void wgrad_double_sums(void) {
       dsv4_wsinks ks;
       dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "test");
       if (last) dsv4_wsinks_last_rows(&ks, T);
-      memset(spare, 0, sizeof(float) * M * N);
-      spare[M * N] = 1.0f; /* beyond the lent part: not the pool's, must stay */
-      if (lend) tu_check(dsv4_wsinks_lend(&ks, spare, M * N), "double sums: a zero spare tensor is lent");
+      for (int64_t e = 0; e <= M * N; e++) spare[e] = 1.0f; /* not lent: must stay */
+      for (int j = 0; j < 2; j++) {
+        const int64_t *r = lent_ranges[lend][j];
+        if (r[1] <= r[0]) continue;
+        memset(spare + r[0], 0, sizeof(float) * (size_t)(r[1] - r[0]));
+        tu_check(dsv4_wsinks_lend(&ks, spare + r[0], r[1] - r[0]), "double sums: a zero spare tensor is lent");
+      }
       tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
-      tu_check(((void *)dsv4_wsinks_of(&ks, C1)->dhi == (void *)C1) == zero,
-               "double sums: the high halves in the tensor iff it is zero");
-      tu_check(dsv4_wsinks_of(&ks, C1)->lo_lent == lend && (!lend || (void *)dsv4_wsinks_of(&ks, C1)->dlo == spare),
-               "double sums: the low halves in the lent tensor iff one was lent");
+      const dsv4_wsink *k1 = dsv4_wsinks_of(&ks, C1);
+      tu_check(((void *)k1->dhi == (void *)C1) == zero, "double sums: the high halves in the tensor iff it is zero");
+      if (lend == 0)
+        tu_check(k1->n_lo == 1 && !k1->lo[0].lent, "double sums: the low halves allocated when nothing is lent");
+      if (lend == 1)
+        tu_check(k1->n_lo == 1 && k1->lo[0].lent && (void *)k1->lo[0].p == spare,
+                 "double sums: the low halves in the lent tensor that holds them all");
+      if (lend == 2)
+        tu_check(k1->n_lo == 3 && k1->lo[0].lent && (void *)k1->lo[0].p == spare && k1->lo[1].row == 13 &&
+                     k1->lo[1].lent && (void *)k1->lo[1].p == spare + 14 * N && k1->lo[2].row == 24 && !k1->lo[2].lent,
+                 "double sums: rows 0 - 12 in the first lent tensor, 13 - 23 in the second, the rest allocated");
       for (int k = 0; k < 4 && cut[k + 1] > cut[k]; k++) {
         const dsv4_wpiece pc = {.n = cut[k + 1] - cut[k], .A = A + cut[k] * M, .B = B + cut[k] * N, .lda = M,
                                 .ldb = N, .glob = glob + cut[k]};
@@ -347,7 +362,9 @@ static void wgrad_double_sums(void) {
         const dsv4_wsink *kk = dsv4_wsinks_of(&ks, C1);
         if (k == 0 && c > 0) { /* one product's floats so far (no block moved): every rest word 0 */
           int rests = 0;
-          for (int64_t e = 0; e < M * N; e++) rests |= kk->dlo[e] != 0;
+          for (int j = 0; j < kk->n_lo; j++)
+            for (int64_t e = 0; e < ((j + 1 < kk->n_lo ? kk->lo[j + 1].row : M) - kk->lo[j].row) * N; e++)
+              rests |= kk->lo[j].p[e] != 0;
           tu_check(!rests, "double sums, %s: after one panel every low word is zero (a float's sum needs none)",
                    cases[c].what);
         }
@@ -358,11 +375,16 @@ static void wgrad_double_sums(void) {
       tu_ok(dsv4_wsinks_finish(&ks, NULL), "sink finish");
       dsv4_threads_leave(old);
       tu_check(!memcmp(C0, C1, sizeof(float) * (size_t)(M * N)), "double sums, %s, %s tensor%s%s: the bits of the xacc sums",
-               cases[c].what, zero ? "a zero" : "an accumulating", lend ? ", low halves lent" : "",
+               cases[c].what, zero ? "a zero" : "an accumulating",
+               lend == 1 ? ", low halves lent" : lend == 2 ? ", low halves in two lent tensors and allocated" : "",
                last == 1 ? ", the last of 3 chunks rounded at once" : last == 2 ? ", the last of 2 chunks rounded at once" : "");
-      int clear = spare[M * N] == 1.0f;
-      for (int64_t e = 0; e < M * N; e++) clear &= spare[e] == 0.0f && !signbit(spare[e]);
-      tu_check(clear, "double sums: the lent tensor is zero again after finish (and nothing beyond it written)");
+      int clear = 1;
+      for (int64_t e = 0; e <= M * N; e++) {
+        int in = 0;
+        for (int j = 0; j < 2; j++) in |= e >= lent_ranges[lend][j][0] && e < lent_ranges[lend][j][1];
+        clear &= in ? spare[e] == 0.0f && !signbit(spare[e]) : spare[e] == 1.0f;
+      }
+      tu_check(clear, "double sums: the lent tensors are zero again after finish (and nothing beside them written)");
     }
   }
   { /* what is not lent: a spare that is not zero, one too small for the sink */
@@ -371,11 +393,12 @@ static void wgrad_double_sums(void) {
     dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "test");
     memset(spare, 0, sizeof(float) * M * N);
     spare[7] = -0.0f;
-    tu_check(!dsv4_wsinks_lend(&ks, spare, M * N) && !ks.pool, "double sums: a spare with a bit set is not lent");
+    tu_check(!dsv4_wsinks_lend(&ks, spare, M * N) && !ks.n_pool, "double sums: a spare with a bit set is not lent");
     spare[7] = 0.0f;
-    tu_check(dsv4_wsinks_lend(&ks, spare, M * N - 1), "lend");
+    tu_check(dsv4_wsinks_lend(&ks, spare, N - 1), "lend");
     tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
-    tu_check(!dsv4_wsinks_of(&ks, C1)->lo_lent, "double sums: a lent tensor too small for the sink is not used");
+    tu_check(dsv4_wsinks_of(&ks, C1)->n_lo == 1 && !dsv4_wsinks_of(&ks, C1)->lo[0].lent,
+             "double sums: a lent tensor smaller than one row is not used");
     dsv4_wsinks_drop(&ks);
   }
   /* a sum whose order a double would change decides the rounding: 1, 2^-53, 2^-53, 2^-24, one
