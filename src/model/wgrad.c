@@ -617,6 +617,11 @@ static int zero_bits(const float *x, int64_t n) {
   return !any;
 }
 
+/* The row after piece j of sink k's low words. */
+static inline int64_t lo_end(const dsv4_wsink *k, int j) {
+  return j + 1 < k->n_lo ? k->lo[j + 1].row : k->shape.M;
+}
+
 dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape *shape) {
   dsv4_status rc = DSV4_OK;
   if (!C || shape->M <= 0 || shape->N <= 0 || dsv4_wsinks_of(s, C)) return DSV4_OK;
@@ -634,14 +639,14 @@ dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape 
     int64_t fit = (s->pool[j].n - s->pool[j].used) / w;
     if (fit > rows - row) fit = rows - row;
     if (fit <= 0) continue;
-    k->lo[k->n_lo++] = (dsv4_wlo){s->pool[j].p + s->pool[j].used, row, 1};
+    k->lo[k->n_lo++] = (dsv4_wlo){s->pool[j].p + s->pool[j].used, row, j};
     s->pool[j].used += fit * w;
     row += fit;
   }
   if (row < rows) {
     uint32_t *lo = NULL;
     DSV4_ALLOC(lo, (rows - row) * w); /* zero pages until a block's first add writes them (dsum_block) */
-    k->lo[k->n_lo++] = (dsv4_wlo){lo, row, 0};
+    k->lo[k->n_lo++] = (dsv4_wlo){lo, row, -1};
   }
   DSV4_ALLOC(k->promo, k->n_blocks);
   DSV4_ALLOC(k->dused, k->n_blocks);
@@ -651,12 +656,10 @@ dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape 
   s->count++;
 fail:
   if (rc != DSV4_OK && s->count < DSV4_WSINKS_MAX) {
-    dsv4_wsink *f = &s->s[s->count];
-    for (int j = f->n_lo - 1; j >= 0; j--) { /* lent rows back to their pools (taken last: the top) */
-      const int64_t nr = (j + 1 < f->n_lo ? f->lo[j + 1].row : f->shape.M) - f->lo[j].row;
-      for (int q = 0; f->lo[j].lent && q < s->n_pool; q++)
-        if (f->lo[j].p == s->pool[q].p + s->pool[q].used - nr * f->w) s->pool[q].used -= nr * f->w;
-      if (!f->lo[j].lent) free((void *)f->lo[j].p);
+    const dsv4_wsink *f = &s->s[s->count];
+    for (int j = 0; j < f->n_lo; j++) { /* lent rows back to their tensors (this sink took their tops) */
+      if (f->lo[j].pool >= 0) s->pool[f->lo[j].pool].used -= (lo_end(f, j) - f->lo[j].row) * f->w;
+      else free((void *)f->lo[j].p);
     }
     free(s->s[s->count].promo);
     free(s->s[s->count].dused);
@@ -710,9 +713,9 @@ static inline dsv4_u32a *lo_at(const dsv4_wsink *k, int64_t at) {
  * tensors' own products (their allocated words are left as they are: unmapped pages stay so). */
 static void lo_clear_lent(const dsv4_wsink *k, int64_t r0, int64_t nr) {
   for (int j = 0; j < k->n_lo; j++) {
-    const int64_t a = k->lo[j].row > r0 ? k->lo[j].row : r0;
-    const int64_t end = j + 1 < k->n_lo ? k->lo[j + 1].row : k->shape.M, b = end < r0 + nr ? end : r0 + nr;
-    if (k->lo[j].lent && b > a)
+    const int64_t a = k->lo[j].row > r0 ? k->lo[j].row : r0, end = lo_end(k, j);
+    const int64_t b = end < r0 + nr ? end : r0 + nr;
+    if (k->lo[j].pool >= 0 && b > a)
       memset((void *)(k->lo[j].p + (a - k->lo[j].row) * k->w), 0, sizeof(float) * (size_t)((b - a) * k->w));
   }
 }
@@ -826,7 +829,7 @@ static int dsum_last_block(dsv4_wsink *k, const wblock *q, int64_t b, const floa
     for (int64_t j = 0; j < kk; j++) tr[j] = t + j * mn + r * q->nb;
     bad |= dsv4_xacc_addk_(h, h + q->nb, tr, (int)kk, q->nb, 0);
     for (int64_t e = 0; e < q->nb; e++) k->out[at + e] = 0.0f + dsv4_xacc_value(h[e], h[q->nb + e]);
-    if (!fresh && k->lo[lo_piece(k, q->m0 + r)].lent)
+    if (!fresh && k->lo[lo_piece(k, q->m0 + r)].pool >= 0)
       memset((void *)lo_at(k, at), 0, sizeof(float) * (size_t)q->nb);
   }
   return bad;
@@ -1070,7 +1073,7 @@ static void sink_free(dsv4_wsink *k) {
   free(k->promo);
   free(k->dused);
   for (int j = 0; j < k->n_lo; j++)
-    if (!k->lo[j].lent) free((void *)k->lo[j].p);
+    if (k->lo[j].pool < 0) free((void *)k->lo[j].p);
   if (!dhi_in_out(k)) free(k->dhi);
   free(k->g0);
   free(k->sa);

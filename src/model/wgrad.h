@@ -93,7 +93,7 @@ typedef uint32_t dsv4_u32a __attribute__((may_alias));
 typedef struct {
   dsv4_u32a *p;
   int64_t row;
-  int lent; /* in a lent tensor, else allocated */
+  int pool; /* the set's lent tensor it lies in (dsv4_wsinks.pool), -1: allocated */
 } dsv4_wlo;
 
 /* A lent zero tensor's floats: n, of which the first `used` hold product sinks' low words. */
@@ -114,7 +114,7 @@ typedef struct {
    * two words (wgrad.c: it truncated to a float, and its other 29 fraction bits): dhi is out's own
    * storage (cast) when out was zero at registration, else allocated (out keeps its value); the low
    * words lie in pieces of whole rows (n_lo > 0 marks a product sink), piece j rows [lo[j].row,
-   * lo[j + 1].row) from lo[j].p (lent: in a lent tensor, dsv4_wsinks_lend; else allocated) */
+   * lo[j + 1].row) from lo[j].p (in a lent tensor, dsv4_wsinks_lend, or allocated) */
   dsv4_u32a *dhi;
   dsv4_wlo lo[DSV4_WSINK_LO_PIECES];
   int n_lo;
@@ -151,8 +151,8 @@ dsv4_status dsv4_wsinks_add(dsv4_wsinks *s, float *out, int64_t n, int64_t w, in
  * it; an error restores it. */
 dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape *shape);
 /* Lends the floats of spare [n], a gradient tensor that nothing writes until after finish (its own
- * product deferred, as a recomputed backward does for wo_b's, wq_a's and wkv's), to the low halves of the
- * product sinks registered after this call: each takes whole rows from the lent tensors in the
+ * product deferred, as a recomputed backward does for wo_b's, wq_a's and wkv's), to the low halves
+ * of the product sinks registered after this call: each takes whole rows from the lent tensors in the
  * order they were lent, while rows fit, and allocates the rest. Up to DSV4_WSINKS_POOLS tensors;
  * only a spare of zeros (every bit) is taken; finish (or an error) leaves it zero again. Returns
  * whether it was taken. */

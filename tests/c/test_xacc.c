@@ -347,13 +347,13 @@ static void wgrad_double_sums(void) {
       const dsv4_wsink *k1 = dsv4_wsinks_of(&ks, C1);
       tu_check(((void *)k1->dhi == (void *)C1) == zero, "double sums: the high halves in the tensor iff it is zero");
       if (lend == 0)
-        tu_check(k1->n_lo == 1 && !k1->lo[0].lent, "double sums: the low halves allocated when nothing is lent");
+        tu_check(k1->n_lo == 1 && k1->lo[0].pool < 0, "double sums: the low halves allocated when nothing is lent");
       if (lend == 1)
-        tu_check(k1->n_lo == 1 && k1->lo[0].lent && (void *)k1->lo[0].p == spare,
+        tu_check(k1->n_lo == 1 && k1->lo[0].pool == 0 && (void *)k1->lo[0].p == spare,
                  "double sums: the low halves in the lent tensor that holds them all");
       if (lend == 2)
-        tu_check(k1->n_lo == 3 && k1->lo[0].lent && (void *)k1->lo[0].p == spare && k1->lo[1].row == 13 &&
-                     k1->lo[1].lent && (void *)k1->lo[1].p == spare + 14 * N && k1->lo[2].row == 24 && !k1->lo[2].lent,
+        tu_check(k1->n_lo == 3 && k1->lo[0].pool == 0 && (void *)k1->lo[0].p == spare && k1->lo[1].row == 13 &&
+                     k1->lo[1].pool == 1 && (void *)k1->lo[1].p == spare + 14 * N && k1->lo[2].row == 24 && k1->lo[2].pool < 0,
                  "double sums: rows 0 - 12 in the first lent tensor, 13 - 23 in the second, the rest allocated");
       for (int k = 0; k < 4 && cut[k + 1] > cut[k]; k++) {
         const dsv4_wpiece pc = {.n = cut[k + 1] - cut[k], .A = A + cut[k] * M, .B = B + cut[k] * N, .lda = M,
@@ -397,7 +397,7 @@ static void wgrad_double_sums(void) {
     spare[7] = 0.0f;
     tu_check(dsv4_wsinks_lend(&ks, spare, N - 1), "lend");
     tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
-    tu_check(dsv4_wsinks_of(&ks, C1)->n_lo == 1 && !dsv4_wsinks_of(&ks, C1)->lo[0].lent,
+    tu_check(dsv4_wsinks_of(&ks, C1)->n_lo == 1 && dsv4_wsinks_of(&ks, C1)->lo[0].pool < 0,
              "double sums: a lent tensor smaller than one row is not used");
     dsv4_wsinks_drop(&ks);
   }
@@ -440,8 +440,8 @@ static void wgrad_double_sums(void) {
   /* a bad term leaves the tensor as it was (an accumulating one, and a zero one whose floats held
    * the high halves) and names the set */
   A[3 * M] = INFINITY;
-  for (int v = 0; v < 8; v++) {
-    const int zero = v & 1, lend = (v >> 1) & 1, last = v >> 2;
+  for (int v = 0; v < 12; v++) {
+    const int zero = v % 2, lend = v / 2 % 3, last = v / 6;
     if (zero) memset(C0, 0, sizeof(float) * M * N);
     else tu_fill(C0, M * N, 13, 1.0f);
     memcpy(C1, C0, sizeof(float) * M * N);
@@ -451,7 +451,9 @@ static void wgrad_double_sums(void) {
     dsv4_wsinks_begin(&ks, DSV4_IMPL_FAST, "wq_b sinks");
     if (last) dsv4_wsinks_last_rows(&ks, T); /* one call, the last: a zero tensor is written, then restored */
     memset(spare, 0, sizeof(float) * M * N);
-    if (lend) dsv4_wsinks_lend(&ks, spare, M * N);
+    for (int j = 0; j < 2; j++) /* (the floats between two lent ranges stay zero too) */
+      if (lent_ranges[lend][j][1] > lent_ranges[lend][j][0])
+        dsv4_wsinks_lend(&ks, spare + lent_ranges[lend][j][0], lent_ranges[lend][j][1] - lent_ranges[lend][j][0]);
     tu_ok(dsv4_wsinks_add_product(&ks, C1, &sh), "sink");
     tu_ok(dsv4_wsinks_product(&ks, C1, &whole), "sink rows");
     tu_check(dsv4_wsinks_finish(&ks, NULL) == DSV4_ERR_ARG && strstr(dsv4_last_error(), "wq_b sinks") &&
@@ -460,7 +462,7 @@ static void wgrad_double_sums(void) {
              zero ? "zero" : "accumulating", last ? " (last rows rounded at once)" : "", dsv4_last_error());
     int clear = 1;
     for (int64_t e = 0; e < M * N; e++) clear &= spare[e] == 0.0f && !signbit(spare[e]);
-    tu_check(clear, "double sums: an error leaves the lent tensor zero");
+    tu_check(clear, "double sums: an error leaves the lent tensor%s zero", lend == 2 ? "s" : "");
   }
   free(A), free(B), free(C0), free(C1), free(spare), free(glob);
 }
