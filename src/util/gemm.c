@@ -3,6 +3,7 @@
 #include "util/workspace.h"
 
 #include <cblas.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "err.h"
@@ -75,6 +76,7 @@ int64_t dsv4_panel_rows(int64_t T_global) {
  * rank at T = 2 N P holds two half panels at complementary positions: one call instead of two. */
 typedef struct {
   int64_t first, count; /* runs order[first .. first + count) */
+  int whole;            /* the runs are consecutive full panels, contiguous in X and Y: one call of count P rows */
 } proj_call;
 
 /* Output row of local row r (yrow NULL: r itself). */
@@ -111,9 +113,10 @@ static void put_row(const proj_op *o, int64_t r, const float *src) {
 static void proj_call_run(const proj_op *o, const int64_t *glob, int64_t P, const int64_t *start,
                           const int64_t *order, const proj_call *c, float *xs, float *ys) {
   const int64_t r0 = order[c->first], K = o->K;
-  if (c->count == 1 && start[r0 + 1] - start[r0] == P) { /* a full panel: X rows in place */
+  if (c->whole) { /* full panels: X rows in place */
     if (!o->beta) {
-      panel_gemm(o, P, o->X + start[r0] * o->ldx, o->ldx, o->Y + out_row(o->yrow, start[r0]) * o->ldy, o->ldy);
+      panel_gemm(o, c->count * P, o->X + start[r0] * o->ldx, o->ldx, o->Y + out_row(o->yrow, start[r0]) * o->ldy,
+                 o->ldy);
       return;
     }
     panel_gemm(o, P, o->X + start[r0] * o->ldx, o->ldx, ys, o->N);
@@ -159,6 +162,57 @@ fail:
 
 void dsv4_panel_scratch_release(void) { dsv4_ws_free(&panel_cache); }
 
+/* Rows of full panels in one call of several panels get the bits they get in a call of one panel:
+ * OpenBLAS's level-3 driver blocks M (our rows) without changing any element's sum (K alone sets
+ * the blocking of the sums), so one call per stretch of full panels re-packs the weight once
+ * instead of once per panel (docs/perf.md: 4 - 8% faster projections). Only where no size-chosen
+ * kernel can differ between P rows and more: OpenBLAS's small-matrix and direct kernels take
+ * products below about 7.3 M multiply-adds, so P N K >= 2^23 is asked of the one-panel call; and
+ * only when the probe below finds it so on this BLAS. DSV4_PANEL_MERGE=0 turns it off (tests
+ * compare both). */
+#define MERGE_MIN_MNK (1LL << 23)
+/* At most 8 panels (4096 rows) per call: the weight is then packed once per 4096 rows; OpenBLAS's
+ * packing buffer, which a call touches for about 1.2 KB per row (4.5 MB at 4096 rows, 0.6 MB for
+ * one panel: measured on SkylakeX), stays small; and a call stays inside one of OpenBLAS's column
+ * blocks (GEMM_R, some 10^4 rows; the bits were checked equal up to 40960 rows on SkylakeX). */
+#define MERGE_MAX_PANELS 8
+
+/* Three panels of 64 rows (N 256, K 512: 2^23 multiply-adds per panel) in one call against each
+ * panel alone, as the library makes them (single-threaded BLAS inside a parallel region). */
+static int merge_probe(void) {
+  enum { P = 64, M = 3 * P, N = 256, K = 512 };
+  float *A = malloc(sizeof(float) * ((size_t)M * K + (size_t)N * K + 2 * (size_t)M * N));
+  if (!A) return 0;
+  float *B = A + M * K, *C1 = B + N * K, *C2 = C1 + M * N;
+  uint32_t s = 4242;
+  for (int i = 0; i < M * K + N * K; i++) A[i] = (float)((s = s * 1664525u + 1013904223u) >> 8) / (1 << 24) - 0.5f;
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp master
+    {
+      dsv4_blas_serial();
+      dsv4_gemm_nt(M, N, K, 1.0f, A, K, B, K, 0.0f, C1, N);
+      for (int r = 0; r < M; r += P) dsv4_gemm_nt(P, N, K, 1.0f, A + r * K, K, B, K, 0.0f, C2 + r * N, N);
+    }
+  }
+  const int same = memcmp(C1, C2, sizeof(float) * M * N) == 0;
+  free(A);
+  return same;
+}
+
+int dsv4_panels_merge(int64_t P, int64_t N, int64_t K) {
+  static int probed = -1; /* one probe per process; the race of two first callers is benign */
+  if (P * N * K < MERGE_MIN_MNK) return 0;
+  const char *e = getenv("DSV4_PANEL_MERGE");
+  if (e && e[0] == '0') return 0;
+  int ok = __atomic_load_n(&probed, __ATOMIC_ACQUIRE);
+  if (ok < 0) {
+    ok = merge_probe();
+    __atomic_store_n(&probed, ok, __ATOMIC_RELEASE);
+  }
+  return ok;
+}
+
 /* Groups of partial runs, first fit over the last few groups (a shard has a handful of partial runs:
  * its ends, a zigzag chunk's ends). Positions in use are bits of a P-bit mask per group. */
 #define GROUP_LOOKBACK 8
@@ -174,12 +228,28 @@ static void mask_set(uint64_t *m, int64_t a, int64_t b) {
   for (int64_t p = a; p < b; p++) m[p / 64] |= (uint64_t)1 << (p % 64);
 }
 
-/* Fills calls (full runs first, then the groups) and order; returns the number of calls. */
-static int64_t plan_calls(const int64_t *glob, const int64_t *start, int64_t runs, int64_t P, proj_call *calls,
-                          int64_t *order, uint64_t (*mask)[MASK_WORDS], int64_t *group_of) {
+/* Whether full run r continues full run r - 1 in one call of several panels: the next global panel,
+ * the next local rows and (mapped) the next output rows, at most `cap` panels per call. */
+static int joins(const int64_t *glob, const int64_t *yrow, const int64_t *start, int64_t r, const proj_call *last,
+                 int64_t P, int64_t cap) {
+  const int64_t i = start[r];
+  return last && last->whole && last->count < cap && start[r - 1] + P == i && glob[i] == glob[i - 1] + 1 &&
+         (!yrow || yrow[i] == yrow[i - 1] + 1);
+}
+
+/* Fills calls (full runs first, then the groups) and order; returns the number of calls. Consecutive
+ * full panels share one call of up to `cap` panels (cap 1: one call per panel). */
+static int64_t plan_calls(const int64_t *glob, const int64_t *yrow, const int64_t *start, int64_t runs, int64_t P,
+                          int64_t cap, proj_call *calls, int64_t *order, uint64_t (*mask)[MASK_WORDS],
+                          int64_t *group_of) {
   int64_t nc = 0, ng = 0, no = 0;
-  for (int64_t r = 0; r < runs; r++)
-    if (start[r + 1] - start[r] == P) order[no] = r, calls[nc++] = (proj_call){no++, 1};
+  for (int64_t r = 0; r < runs; r++) {
+    if (start[r + 1] - start[r] != P) continue;
+    proj_call *last = nc && order[no - 1] == r - 1 ? &calls[nc - 1] : NULL;
+    if (joins(glob, yrow, start, r, last, P, cap)) last->count++;
+    else calls[nc++] = (proj_call){no, 1, 1};
+    order[no++] = r;
+  }
   const int64_t first_group = nc;
   for (int64_t r = 0; r < runs; r++) {
     if (start[r + 1] - start[r] == P) continue;
@@ -193,7 +263,7 @@ static int64_t plan_calls(const int64_t *glob, const int64_t *start, int64_t run
   }
   /* order the partial runs by group (stable: runs keep their order inside a group) */
   for (int64_t g = 0; g < ng; g++) {
-    calls[first_group + g] = (proj_call){no, 0};
+    calls[first_group + g] = (proj_call){no, 0, 0};
     for (int64_t r = 0; r < runs; r++)
       if (start[r + 1] - start[r] != P && group_of[r] == g) order[no++] = r, calls[first_group + g].count++;
   }
@@ -227,11 +297,15 @@ static dsv4_status panel_rows(const proj_op *o, int64_t n, const int64_t *glob, 
   DSV4_ALLOC(group_of, runs + 1);
   DSV4_ALLOC(calls, runs + 1);
   DSV4_ALLOC(mask, runs + 1);
-  const int64_t ncalls = plan_calls(glob, start, runs, P, calls, order, mask, group_of);
-  /* One single-threaded BLAS call per panel, calls spread over the threads: a row's bits then
-   * depend neither on its position nor on the thread count (OpenBLAS's own threading splits a call
-   * into thread-count-dependent sub-blocks). */
+  /* One single-threaded BLAS call per panel (or per stretch of full panels), calls spread over the
+   * threads: a row's bits then depend neither on its position nor on the thread count (OpenBLAS's
+   * own threading splits a call into thread-count-dependent sub-blocks). */
   const int nt = dsv4_nthreads();
+  int64_t full = 0;
+  for (int64_t r = 0; r < runs; r++) full += start[r + 1] - start[r] == P;
+  int64_t cap = o->nt && !o->beta && dsv4_panels_merge(P, o->N, o->K) ? (full + nt - 1) / nt : 1;
+  cap = cap < MERGE_MAX_PANELS ? cap : MERGE_MAX_PANELS;
+  const int64_t ncalls = plan_calls(glob, yrow, start, runs, P, cap > 1 ? cap : 1, calls, order, mask, group_of);
   int partial = 0;
   for (int64_t r = 0; r < runs; r++) partial |= start[r + 1] - start[r] < P;
   const int scratch = o->beta || partial;

@@ -6,6 +6,7 @@
 
 #include "testutil.h"
 #include "util/gemm.h"
+#include "util/par.h"
 
 /* The three layouts of the wrappers against the reference loops: fp32 sums of K = 37 terms vs
  * double sums, so 1e-5 relative is a loose bound (K * 2^-24 ~ 2e-6). */
@@ -97,6 +98,61 @@ static void panel_groups(void) {
   dsv4_panel_scratch_release();
 }
 
+/* Consecutive full panels of a large projection share one BLAS call (util/gemm.c: dsv4_panels_merge).
+ * Every shard shape, thread count and output mapping below must give the bits of one call per panel
+ * (DSV4_PANEL_MERGE=0), which is what a rank holding a single panel of the stream computes. */
+static void merged_panels(void) {
+  enum { N = 64, K = 256, T = 2560 }; /* P N K = 2^23: the smallest product that merges */
+  const int64_t P = dsv4_panel_rows(T);
+  float *X = malloc(sizeof(float) * T * K), *W = malloc(sizeof(float) * N * K);
+  float *Y0 = malloc(sizeof(float) * T * N), *Y = malloc(sizeof(float) * (T + 64) * N);
+  int64_t *glob = malloc(sizeof(int64_t) * T), *yrow = malloc(sizeof(int64_t) * T);
+  tu_fill(X, T * K, 7, 1.0f);
+  tu_fill(W, N * K, 8, 1.0f);
+  for (int i = 0; i < T; i++) glob[i] = i;
+  const int merges = dsv4_panels_merge(P, N, K);
+  printf("note: full panels share a call here: %s\n", merges ? "yes" : "no (one call per panel)");
+  tu_check(!dsv4_panels_merge(P, N / 2, K), "panels_merge: a product under 2^23 multiply-adds never merges");
+  setenv("DSV4_PANEL_MERGE", "0", 1);
+  tu_check(!dsv4_panels_merge(P, N, K), "panels_merge: DSV4_PANEL_MERGE=0 turns it off");
+  tu_ok(dsv4_proj_rows(Y0, N, X, K, W, T, N, K, glob, P, DSV4_IMPL_FAST), "proj_rows one call per panel");
+  unsetenv("DSV4_PANEL_MERGE");
+  static const struct { const char *what; int64_t lo, hi; int threads; } cases[] = {
+    {"the whole stream, one thread (five panels in one call)", 0, T, 1},
+    {"the whole stream, two threads (three and two panels)", 0, T, 2},
+    {"panels 1 - 4 of a shard", 512, T, 1},
+    {"a shard with partial ends and three full panels between", 300, 2300, 1},
+    {"a shard with partial ends, two threads", 300, 2300, 2},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const int64_t n = cases[c].hi - cases[c].lo;
+    const int old = dsv4_threads_enter(cases[c].threads);
+    memset(Y, 0, sizeof(float) * (size_t)n * N);
+    tu_ok(dsv4_proj_rows(Y, N, X + cases[c].lo * K, K, W, n, N, K, glob + cases[c].lo, P, DSV4_IMPL_FAST),
+          "proj_rows");
+    tu_check(!memcmp(Y, Y0 + cases[c].lo * N, sizeof(float) * (size_t)n * N),
+             "proj_rows: %s: bitwise one call per panel", cases[c].what);
+    dsv4_threads_leave(old);
+  }
+  /* a zigzag rank's chunks (panels 0 and 4: not consecutive, two calls) and output rows that jump by
+   * 64 after two panels (the third panel must not join the second's call) */
+  int64_t gz[1024];
+  for (int i = 0; i < 512; i++) gz[i] = i, gz[512 + i] = 2048 + i;
+  float *Xz = malloc(sizeof(float) * 1024 * K);
+  for (int i = 0; i < 1024; i++) memcpy(Xz + i * K, X + gz[i] * K, sizeof(float) * K);
+  tu_ok(dsv4_proj_rows(Y, N, Xz, K, W, 1024, N, K, gz, P, DSV4_IMPL_FAST), "proj_rows zigzag");
+  int same = 1;
+  for (int i = 0; i < 1024; i++) same &= !memcmp(Y + i * N, Y0 + gz[i] * N, sizeof(float) * N);
+  tu_check(same, "proj_rows: a zigzag rank's two chunks bitwise one call per panel");
+  for (int i = 0; i < T; i++) yrow[i] = i + (i >= 1024 ? 64 : 0);
+  tu_ok(dsv4_proj_rows_map(Y, N, yrow, X, K, W, T, N, K, glob, P, DSV4_IMPL_FAST), "proj_rows_map");
+  same = 1;
+  for (int i = 0; i < T; i++) same &= !memcmp(Y + yrow[i] * N, Y0 + i * N, sizeof(float) * N);
+  tu_check(same, "proj_rows_map: output rows that jump after two panels bitwise one call per panel");
+  free(X), free(W), free(Y0), free(Y), free(Xz), free(glob), free(yrow);
+  dsv4_panel_scratch_release();
+}
+
 static void probe(void) {
   printf("note: BLAS rows independent at a fixed position: %s\n", dsv4_blas_probe_invariance() ? "yes" : "no");
 }
@@ -105,6 +161,7 @@ static const tu_test TESTS[] = {
   {"blas", "wrappers-match-reference", wrappers_match_reference},
   {"blas", "panels", panels},
   {"blas", "panel-groups", panel_groups},
+  {"blas", "merged-panels", merged_panels},
   {"blas", "probe", probe},
 };
 
