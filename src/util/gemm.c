@@ -177,6 +177,11 @@ void dsv4_panel_scratch_release(void) { dsv4_ws_free(&panel_cache); }
  * blocks (GEMM_R, some 10^4 rows; the bits were checked equal up to 40960 rows on SkylakeX). */
 #define MERGE_MAX_PANELS 8
 
+/* The probes' operands: n values in [-0.5, 0.5) from a fixed LCG (the same on every run). */
+static void probe_fill(float *x, int n, uint32_t seed) {
+  for (int i = 0; i < n; i++) x[i] = (float)((seed = seed * 1664525u + 1013904223u) >> 8) / (1 << 24) - 0.5f;
+}
+
 /* Three panels of 64 rows (N 256, K 512: 2^23 multiply-adds per panel) in one call against each
  * panel alone, as the library makes them (single-threaded BLAS inside a parallel region). */
 static int merge_probe(void) {
@@ -184,8 +189,7 @@ static int merge_probe(void) {
   float *A = malloc(sizeof(float) * ((size_t)M * K + (size_t)N * K + 2 * (size_t)M * N));
   if (!A) return 0;
   float *B = A + M * K, *C1 = B + N * K, *C2 = C1 + M * N;
-  uint32_t s = 4242;
-  for (int i = 0; i < M * K + N * K; i++) A[i] = (float)((s = s * 1664525u + 1013904223u) >> 8) / (1 << 24) - 0.5f;
+  probe_fill(A, M * K + N * K, 4242);
 #pragma omp parallel num_threads(2)
   {
 #pragma omp master
@@ -301,13 +305,12 @@ static dsv4_status panel_rows(const proj_op *o, int64_t n, const int64_t *glob, 
    * threads: a row's bits then depend neither on its position nor on the thread count (OpenBLAS's
    * own threading splits a call into thread-count-dependent sub-blocks). */
   const int nt = dsv4_nthreads();
-  int64_t full = 0;
+  int64_t full = 0; /* full panels; the rest are partial */
   for (int64_t r = 0; r < runs; r++) full += start[r + 1] - start[r] == P;
+  const int partial = full < runs;
   int64_t cap = o->nt && !o->beta && dsv4_panels_merge(P, o->N, o->K) ? (full + nt - 1) / nt : 1;
   cap = cap < MERGE_MAX_PANELS ? cap : MERGE_MAX_PANELS;
   const int64_t ncalls = plan_calls(glob, yrow, start, runs, P, cap > 1 ? cap : 1, calls, order, mask, group_of);
-  int partial = 0;
-  for (int64_t r = 0; r < runs; r++) partial |= start[r + 1] - start[r] < P;
   const int scratch = o->beta || partial;
   float *xs = NULL, *ys = NULL;
   if (scratch) DSV4_TRY(panel_scratch(panel_carve(NULL, P, o->N, o->K, partial, &xs, &ys), nt, &ws));
@@ -361,9 +364,7 @@ int dsv4_blas_probe_invariance(void) {
   float *A1 = malloc(sizeof(float) * (2 * M * K + N * K + 2 * M * N));
   if (!A1) return 0;
   float *A2 = A1 + M * K, *B = A2 + M * K, *C1 = B + N * K, *C2 = C1 + M * N;
-  uint32_t s = 12345;
-  for (int i = 0; i < 2 * M * K + N * K; i++)
-    A1[i] = (float)((s = s * 1664525u + 1013904223u) >> 8) / (1 << 24) - 0.5f;
+  probe_fill(A1, 2 * M * K + N * K, 12345);
   for (int r = 0; r < M; r += 2) memcpy(A2 + r * K, A1 + r * K, sizeof(float) * K);
   for (int r = 3; r < M; r += 6) memset(A2 + r * K, 0, sizeof(float) * K);
   /* inside an active parallel region (two threads, one working), as the library calls BLAS for
