@@ -169,7 +169,9 @@ void dsv4_panel_scratch_release(void) { dsv4_ws_free(&panel_cache); }
  * kernel can differ between P rows and more: OpenBLAS's small-matrix and direct kernels take
  * products below about 7.3 M multiply-adds, so P N K >= 2^23 is asked of the one-panel call; and
  * only when the probe below finds it so on this BLAS. DSV4_PANEL_MERGE=0 turns it off (tests
- * compare both). */
+ * compare both). The same holds for N (columns) in the weight-gradient products A^T B: their 512 x
+ * 512 blocks of a row of blocks share one call (dsv4_blocks_merge), which packs the shared operand
+ * once instead of once per block. */
 #define MERGE_MIN_MNK (1LL << 23)
 /* At most 8 panels (4096 rows) per call: the weight is then packed once per 4096 rows; OpenBLAS's
  * packing buffer, which a call touches for about 1.2 KB per row (4.5 MB at 4096 rows, 0.6 MB for
@@ -182,21 +184,28 @@ static void probe_fill(float *x, int n, uint32_t seed) {
   for (int i = 0; i < n; i++) x[i] = (float)((seed = seed * 1664525u + 1013904223u) >> 8) / (1 << 24) - 0.5f;
 }
 
-/* Three panels of 64 rows (N 256, K 512: 2^23 multiply-adds per panel) in one call against each
- * panel alone, as the library makes them (single-threaded BLAS inside a parallel region). */
-static int merge_probe(void) {
-  enum { P = 64, M = 3 * P, N = 256, K = 512 };
+/* One call against three calls of a third each, as the library makes them (single-threaded BLAS
+ * inside a parallel region): tn 0, an NT projection's rows in three panels of 64 (N 256, K 512);
+ * tn 1, a TN weight-gradient product's columns in three blocks of 128 (M 128, K 512). Each third
+ * is 2^23 multiply-adds, the smallest product that merges. */
+static int merge_probe(int tn) {
+  const int M = tn ? 128 : 192, N = tn ? 384 : 256, K = 512;
   float *A = malloc(sizeof(float) * ((size_t)M * K + (size_t)N * K + 2 * (size_t)M * N));
   if (!A) return 0;
   float *B = A + M * K, *C1 = B + N * K, *C2 = C1 + M * N;
-  probe_fill(A, M * K + N * K, 4242);
+  probe_fill(A, M * K + N * K, tn ? 4343 : 4242);
 #pragma omp parallel num_threads(2)
   {
 #pragma omp master
     {
       dsv4_blas_serial();
-      dsv4_gemm_nt(M, N, K, 1.0f, A, K, B, K, 0.0f, C1, N);
-      for (int r = 0; r < M; r += P) dsv4_gemm_nt(P, N, K, 1.0f, A + r * K, K, B, K, 0.0f, C2 + r * N, N);
+      if (tn) {
+        dsv4_gemm_tn(M, N, K, 1.0f, A, M, B, N, 0.0f, C1, N);
+        for (int c = 0; c < N; c += N / 3) dsv4_gemm_tn(M, N / 3, K, 1.0f, A, M, B + c, N, 0.0f, C2 + c, N);
+      } else {
+        dsv4_gemm_nt(M, N, K, 1.0f, A, K, B, K, 0.0f, C1, N);
+        for (int r = 0; r < M; r += M / 3) dsv4_gemm_nt(M / 3, N, K, 1.0f, A + r * K, K, B, K, 0.0f, C2 + r * N, N);
+      }
     }
   }
   const int same = memcmp(C1, C2, sizeof(float) * M * N) == 0;
@@ -204,18 +213,24 @@ static int merge_probe(void) {
   return same;
 }
 
-int dsv4_panels_merge(int64_t P, int64_t N, int64_t K) {
-  static int probed = -1; /* one probe per process; the race of two first callers is benign */
-  if (P * N * K < MERGE_MIN_MNK) return 0;
+/* The rule both merges share: the one-part call is large enough, DSV4_PANEL_MERGE is not 0, and the
+ * probe of that kind passed (once per process; the race of two first callers is benign). */
+static int merges(int tn, int64_t M, int64_t N, int64_t K) {
+  static int probed[2] = {-1, -1};
+  if (M * N * K < MERGE_MIN_MNK) return 0;
   const char *e = getenv("DSV4_PANEL_MERGE");
   if (e && e[0] == '0') return 0;
-  int ok = __atomic_load_n(&probed, __ATOMIC_ACQUIRE);
+  int ok = __atomic_load_n(&probed[tn], __ATOMIC_ACQUIRE);
   if (ok < 0) {
-    ok = merge_probe();
-    __atomic_store_n(&probed, ok, __ATOMIC_RELEASE);
+    ok = merge_probe(tn);
+    __atomic_store_n(&probed[tn], ok, __ATOMIC_RELEASE);
   }
   return ok;
 }
+
+int dsv4_panels_merge(int64_t P, int64_t N, int64_t K) { return merges(0, P, N, K); }
+
+int dsv4_blocks_merge(int64_t M, int64_t nb, int64_t K) { return merges(1, M, nb, K); }
 
 /* Groups of partial runs, first fit over the last few groups (a shard has a handful of partial runs:
  * its ends, a zigzag chunk's ends). Positions in use are bits of a P-bit mask per group. */

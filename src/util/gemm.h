@@ -35,6 +35,10 @@ void dsv4_gemm_tn_ref(int64_t M, int64_t N, int64_t K, float alpha, const float 
  * product is large enough and this BLAS gives a row the same bits in a call of several panels as
  * in a call of one (probed once per process). DSV4_PANEL_MERGE=0 in the environment: never. */
 int dsv4_panels_merge(int64_t P, int64_t N, int64_t K);
+/* The same along N for weight-gradient products (A^T B, K rows): whether blocks of nb columns of an
+ * M x nb x K product may share one call, each getting the bits of a call of its own (the same rule,
+ * its own probe; DSV4_PANEL_MERGE=0: never). */
+int dsv4_blocks_merge(int64_t M, int64_t nb, int64_t K);
 
 /* Rows per projection panel for a stream of T_global tokens (same on every rank). */
 int64_t dsv4_panel_rows(int64_t T_global);

@@ -280,6 +280,57 @@ static void wgrad_panels(void) {
   free(glob);
 }
 
+/* A thread sums a strip of a superblock's blocks at once when the panels fit one group
+ * (model/wgrad.c strip_cap): one BLAS call per panel for the strip where dsv4_blocks_merge allows,
+ * else one per block. Against one block at a time (DSV4_WGRAD_STRIP=1, the old way) on one and two
+ * threads (strips of 4 and 2 blocks), with and without merged calls (DSV4_PANEL_MERGE=0), masked
+ * rows included, and with the sums in memory (DSV4_WGRAD_GROUP=1: a group of one panel, whose
+ * strip's blocks each keep their own sums): the same bits. M 600 x N 1700 has edge blocks both ways (88 rows, 164 columns);
+ * T = 1324 gives three panels (the last 300 rows: strips of 2), T = 900 two (strips of 4); the
+ * 88-row strip's narrow block is under 2^23 multiply-adds, so its strip is never merged. */
+static void wgrad_strips(void) {
+  const int64_t M = 600, N = 1700, P = 512, Ts[] = {1324, 900};
+  printf("note: weight-gradient blocks share a call here: %s\n",
+         dsv4_blocks_merge(512, 512, 512) ? "yes" : "no (one call per block)");
+  tu_check(!dsv4_blocks_merge(88, 164, 300), "blocks_merge: a block under 2^23 multiply-adds never merges");
+  for (int c = 0; c < 2; c++) {
+    const int64_t T = Ts[c];
+    float *A = malloc(sizeof(float) * T * M), *B = malloc(sizeof(float) * T * N), *C[5];
+    int64_t *glob = malloc(sizeof(int64_t) * T);
+    uint8_t *keep = malloc((size_t)T);
+    for (int64_t i = 0; i < T; i++) glob[i] = i, keep[i] = i % 61 != 7;
+    for (int k = 0; k < 5; k++) C[k] = calloc(M * N, 4);
+    tu_fill(A, T * M, 31 + c, 1.0f);
+    tu_fill(B, T * N, 32 + c, 1.0f);
+    const dsv4_wshape sh = {M, N, P, T};
+    const dsv4_wpiece pc = {.n = T, .A = A, .B = B, .lda = M, .ldb = N, .glob = glob, .keep = keep};
+    setenv("DSV4_WGRAD_STRIP", "1", 1);
+    int old = dsv4_threads_enter(1);
+    tu_ok(dsv4_wgrad_exact(NULL, &sh, &pc, 1, C[0], DSV4_IMPL_FAST, "test"), "wgrad one block at a time");
+    unsetenv("DSV4_WGRAD_STRIP");
+    tu_ok(dsv4_wgrad_exact(NULL, &sh, &pc, 1, C[1], DSV4_IMPL_FAST, "test"), "wgrad strips, one thread");
+    dsv4_threads_leave(old);
+    old = dsv4_threads_enter(2);
+    tu_ok(dsv4_wgrad_exact(NULL, &sh, &pc, 1, C[2], DSV4_IMPL_FAST, "test"), "wgrad strips, two threads");
+    setenv("DSV4_PANEL_MERGE", "0", 1);
+    tu_check(!dsv4_blocks_merge(512, 512, 512), "blocks_merge: DSV4_PANEL_MERGE=0 turns it off");
+    tu_ok(dsv4_wgrad_exact(NULL, &sh, &pc, 1, C[3], DSV4_IMPL_FAST, "test"), "wgrad strips, a call per block");
+    unsetenv("DSV4_PANEL_MERGE");
+    setenv("DSV4_WGRAD_GROUP", "1", 1);
+    tu_ok(dsv4_wgrad_exact(NULL, &sh, &pc, 1, C[4], DSV4_IMPL_FAST, "test"), "wgrad strips, sums in memory");
+    unsetenv("DSV4_WGRAD_GROUP");
+    dsv4_threads_leave(old);
+    static const char *what[] = {"", "strips on one thread", "strips on two threads", "strips without merged calls",
+                                 "strips with their sums in memory"};
+    const size_t bytes = sizeof(float) * (size_t)(M * N);
+    for (int k = 1; k < 5; k++)
+      tu_check(!memcmp(C[0], C[k], bytes), "wgrad T = %lld: %s: the bits of one block at a time", (long long)T,
+               what[k]);
+    for (int k = 0; k < 5; k++) free(C[k]);
+    free(A), free(B), free(glob), free(keep);
+  }
+}
+
 /* A recomputed backward's product sinks hold doubles while they are exact and move a block to xacc
  * sums once an add is not (model/wgrad.c "double sums"). Against the whole product (xacc sums all
  * the way), chunk by chunk on 2 threads: a panel scaled by 2^-40 against the others in the first
@@ -475,6 +526,7 @@ static const tu_test TESTS[] = {
   {"xacc", "rows-any-threads", rows_any_threads},
   {"backward", "rows-nn-panels", rows_nn_panels},
   {"backward", "wgrad-panels", wgrad_panels},
+  {"backward", "wgrad-strips", wgrad_strips},
   {"backward", "wgrad-double-sums", wgrad_double_sums},
 };
 
