@@ -12,11 +12,15 @@
 #include "util/workspace.h"
 #include "util/xrows.h"
 
+/* Heads whose weight gradients are summed side by side (one add chain each). */
+#define KL_HEADS 16
+
 /* Per-thread scratch: one query's n <= nmax selected rows (ids, gathered main and indexer keys,
- * the indexer keys' gradients), logits Z [H, n] and SI [Hi, n], teacher t [n], student I [n]. */
+ * the indexer keys' gradients), logits Z [H, n] and SI [Hi, n], teacher t [n], student I [n], a
+ * group of heads' weight-gradient products P [KL_HEADS, n]. */
 typedef struct {
   int32_t *rows;
-  float *Kc, *Ki, *Z, *SI, *t, *I, *dKi;
+  float *Kc, *Ki, *Z, *SI, *t, *I, *dKi, *P;
 } kl_scratch;
 
 static size_t kl_carve(char *base, const dsv4_kl_args *a, int64_t nmax, kl_scratch *s) {
@@ -30,6 +34,7 @@ static size_t kl_carve(char *base, const dsv4_kl_args *a, int64_t nmax, kl_scrat
   s->SI = dsv4_carve(&c, sizeof(float) * n * (size_t)a->Hi);
   s->t = dsv4_carve(&c, sizeof(float) * n);
   s->I = dsv4_carve(&c, sizeof(float) * (n + 1));
+  s->P = dsv4_carve(&c, sizeof(float) * n * KL_HEADS);
   return c.used;
 }
 
@@ -46,6 +51,34 @@ static void student_logits(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *
   for (int j = 0; j < n; j++)
     memcpy(s->Ki + (int64_t)j * Di, a->k_idx + (int64_t)s->rows[j] * Di, sizeof(float) * Di);
   dsv4_gemm_nt(Hi, n, Di, 1.0f, a->q_idx + p * Hi * Di, Di, s->Ki, Di, 0.0f, s->SI, n);
+}
+
+/* nh heads' rows si [nh, n] of the student logits: dw_h = sum_j dI_j ReLU(si_hj), summed in j
+ * order from 0 one product at a time (the products rounded first, as a product and an add), then
+ * si_hj = dI_j w_h where si_hj > 0, else 0. The products of a group of heads go to P [nh, n] first
+ * so that the nh sums run as independent chains: one head's chain alone waits on each add and on a
+ * branch that the sign of si mispredicts half the time. dw: NULL when not wanted. */
+static void weight_grads(float *restrict si, const float *restrict dI, const float *restrict w, int nh, int n,
+                         float *restrict P, float *restrict dw) {
+  if (dw) {
+    for (int h = 0; h < nh; h++)
+      for (int j = 0; j < n; j++) {
+        const float x = si[(int64_t)h * n + j];
+        P[(int64_t)h * n + j] = dI[j] * (x > 0 ? x : 0.0f);
+      }
+    float acc[KL_HEADS] = {0};
+    for (int j = 0; j < n; j++)
+      for (int h = 0; h < nh; h++) acc[h] += P[(int64_t)h * n + j];
+    for (int h = 0; h < nh; h++) dw[h] = acc[h];
+  }
+  for (int h = 0; h < nh; h++) {
+    float *restrict x = si + (int64_t)h * n;
+    const float wh = w[h];
+    for (int j = 0; j < n; j++) {
+      const float v = dI[j] * wh;
+      x[j] = x[j] > 0 ? v : 0.0f;
+    }
+  }
 }
 
 /* One query: returns its loss term and writes its gradients; its k_idx gradient rows go into the
@@ -88,13 +121,9 @@ static double one_query(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s, 
   if (!have_si) student_logits(a, p, n, s);
   float *dI = s->I;
   for (int j = 0; j < n; j++) dI[j] = a->grad_scale * ((float)exp(s->I[j] - lse) - s->t[j]);
-  for (int h = 0; h < Hi; h++) {
-    float *si = s->SI + (int64_t)h * n, dw = 0;
-    for (int j = 0; j < n; j++) {
-      dw += dI[j] * (si[j] > 0 ? si[j] : 0);
-      si[j] = si[j] > 0 ? dI[j] * w[h] : 0.0f;
-    }
-    if (a->d_weights) a->d_weights[p * Hi + h] = dw;
+  for (int h0 = 0; h0 < Hi; h0 += KL_HEADS) {
+    const int nh = Hi - h0 < KL_HEADS ? Hi - h0 : KL_HEADS;
+    weight_grads(s->SI + (int64_t)h0 * n, dI, w + h0, nh, n, s->P, a->d_weights ? a->d_weights + p * Hi + h0 : NULL);
   }
   if (a->d_q_idx) dsv4_gemm_nn(Hi, Di, n, 1.0f, s->SI, n, s->Ki, Di, 0.0f, a->d_q_idx + p * Hi * Di, Di);
   if (xk) {
