@@ -634,6 +634,7 @@ static const kl_case KL_CASES[] = {
     {{20, 64, 1, 32, 8, 4, 0, 4}, 4, 32},  /* one indexer head */
     {{7, 0, 2, 8, 4, 0, 0, 5}, 2, 8},      /* C = 0: no valid query */
     {{16, 100, 8, 16, 24, 5, 0, 6}, 1, 64},/* one main head */
+    {{10, 60, 37, 8, 20, 4, 0, 7}, 2, 16}, /* indexer heads in groups of 16 and a last one of 5 (kl_loss.c) */
 };
 #define N_KL_CASES (int)(sizeof KL_CASES / sizeof KL_CASES[0])
 
