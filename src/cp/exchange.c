@@ -296,6 +296,44 @@ fail:
   return rc;
 }
 
+/* Tag of the chunked ring's messages (each pair's messages of one tag arrive in order). */
+#define RS_EACH_TAG 29500
+
+dsv4_status dsv4_xfer_reduce_scatter_i64_each(dsv4_xfer *x, dsv4_msg_kind k, int64_t *sums, size_t n, int64_t *in,
+                                              size_t chunk, dsv4_i64_part_fn fin, void *ctx) {
+  dsv4_status rc = DSV4_OK;
+  const int N = x ? x->comm->size : 1, me = x ? x->comm->rank : 0;
+  const int next = (me + 1) % N, prev = (me + N - 1) % N;
+  const double t0 = dsv4_xfer_now();
+  dsv4_comm_req *rq[2] = {NULL, NULL};
+  DSV4_CHECK(chunk > 0, DSV4_ERR_ARG, "reduce-scatter: chunks of 0 elements");
+  for (size_t c0 = 0; c0 < n; c0 += chunk) {
+    const size_t c = n - c0 < chunk ? n - c0 : chunk;
+    if (N == 1) {
+      fin(ctx, c0, sums + c0, c);
+      continue;
+    }
+    /* step j: send the running sum of slice me - 1 - j, receive that of slice me - 2 - j and add
+     * this rank's part; after N - 1 steps the received slice is this rank's own, whole */
+    const int64_t *out = sums + (size_t)((me + N - 1) % N) * n + c0;
+    for (int j = 0; j < N - 1; j++) {
+      int64_t *own = sums + (size_t)((me + 2 * N - 2 - j) % N) * n + c0, *dst = j == N - 2 ? in : own;
+      DSV4_TRY(dsv4_comm_irecv(x->comm, in, sizeof(int64_t) * c, prev, RS_EACH_TAG, &rq[0]));
+      DSV4_TRY(dsv4_comm_isend(x->comm, out, sizeof(int64_t) * c, next, RS_EACH_TAG, &rq[1]));
+      DSV4_TRY(dsv4_comm_wait(x->comm, rq, 2));
+      for (size_t i = 0; i < c; i++) dst[i] = (int64_t)((uint64_t)in[i] + (uint64_t)own[i]); /* wraps as MPI_SUM */
+      out = dst;
+    }
+    fin(ctx, c0, in, c);
+  }
+  if (N > 1) {
+    const uint64_t vol = sizeof(int64_t) * (uint64_t)n * (uint64_t)(N - 1);
+    account(x, k, vol, vol, 1, dsv4_xfer_now() - t0);
+  }
+fail:
+  return rc;
+}
+
 dsv4_status dsv4_xfer_allreduce_i64(dsv4_xfer *x, dsv4_msg_kind k, int64_t *buf, size_t n) {
   dsv4_status rc = DSV4_OK;
   const double t0 = dsv4_xfer_now();

@@ -99,6 +99,16 @@ dsv4_status dsv4_xfer_wait(dsv4_xfer *x, dsv4_msg_kind k, dsv4_comm_req **reqs, 
 dsv4_status dsv4_xfer_allgather(dsv4_xfer *x, dsv4_msg_kind k, const void *send, void *recv, size_t bytes);
 /* recv [n] = the sum over ranks of send [rank * n ..], int64 (exact). */
 dsv4_status dsv4_xfer_reduce_scatter_i64(dsv4_xfer *x, dsv4_msg_kind k, const int64_t *send, int64_t *recv, size_t n);
+/* The same sums, this rank's slice handed to fin chunk by chunk while it is still in cache:
+ * fin(ctx, off, part, c) gets elements [off, off + c) of the slice's total in part (which it may
+ * change). A ring of pairwise exchanges of at most `chunk` elements (N - 1 steps per chunk), the
+ * running sums written over the sums' own slices (sums [N x n] is overwritten); in: `chunk` int64
+ * of room. No slice-sized result is written and read back, which is most of the memory traffic of
+ * reduce-scattering the weight gradients' sums. Counted as dsv4_xfer_reduce_scatter_i64 (one
+ * message, the same volume). Collective. */
+typedef void (*dsv4_i64_part_fn)(void *ctx, size_t off, int64_t *part, size_t c);
+dsv4_status dsv4_xfer_reduce_scatter_i64_each(dsv4_xfer *x, dsv4_msg_kind k, int64_t *sums, size_t n, int64_t *in,
+                                              size_t chunk, dsv4_i64_part_fn fin, void *ctx);
 /* buf [n] = its sum over ranks, int64 (exact). */
 dsv4_status dsv4_xfer_allreduce_i64(dsv4_xfer *x, dsv4_msg_kind k, int64_t *buf, size_t n);
 /* The accounted volume of an all-reduce of `bytes` over `size` ranks, each way (the planner's too). */

@@ -396,8 +396,42 @@ typedef struct {
   int64_t *sums, *mine;
 } wsuper_run;
 
-/* Reduce-scatters r's sums, rounds this rank's rows of their total, all-gathers every rank's floats
- * (fall: N fslice floats, then this rank's slice) and adds them to C. Collective. */
+/* Rows of sums reduce-scattered at a time (sums_chunk): about 512 KiB of int64, which stay in
+ * the L2 cache from their arrival to their rounding (docs/perf.md: a third less time than
+ * reduce-scattering a superblock's whole slice and rounding it afterwards). */
+#define RS_CHUNK_INT64 65536
+static size_t sums_chunk(int64_t w2, int64_t rows) {
+  int64_t c = RS_CHUNK_INT64 / w2;
+  c = c < rows ? c : rows;
+  return (size_t)((c > 0 ? c : 1) * w2);
+}
+
+/* A superblock's rows of this rank's slice as their totals arrive (dsv4_xfer_reduce_scatter_i64_each):
+ * each rounded once into the rank's floats. */
+typedef struct {
+  const dsv4_wshape *s;
+  const blocking *bl;
+  const wsuper_run *r;
+  float *fmine;
+  int64_t first, rows; /* the slice's first row in the superblock; the superblock's rows */
+} super_round;
+
+static void super_round_rows(void *ctx, size_t off, int64_t *part, size_t c) {
+  const super_round *q = ctx;
+  const int64_t nb = q->bl->nb, w2 = 2 * nb, i0 = (int64_t)off / w2;
+  for (int64_t t = 0; t < (int64_t)c / w2; t++) {
+    const int64_t i = i0 + t, g = q->first + i;
+    if (g >= q->rows) break; /* the last slice's padding */
+    const wblock k = dsv4_wg_block(q->s, q->bl, q->r->b0 + g / q->bl->mb);
+    if (g % q->bl->mb >= k.mb) continue;
+    int64_t *h = part + t * w2;
+    dsv4_xacc_normalize(h, h + nb, k.nb);
+    dsv4_xacc_store(q->fmine + i * nb, h, h + nb, k.nb, 0);
+  }
+}
+
+/* Reduce-scatters r's sums, rounds this rank's rows of their total as they arrive, all-gathers every
+ * rank's floats (fall: N fslice floats, then this rank's slice) and adds them to C. Collective. */
 static dsv4_status super_reduce(dsv4_xfer *x, const dsv4_wshape *s, const blocking *bl, const wsuper_run *r,
                                 float *fall, float *C, int nt, int64_t *any_bad) {
   dsv4_status rc = DSV4_OK;
@@ -406,15 +440,10 @@ static dsv4_status super_reduce(dsv4_xfer *x, const dsv4_wshape *s, const blocki
   float *fmine = fall + (int64_t)N * fs;
   (void)nt; /* in a pragma only (builds without OpenMP) */
   memset(r->sums + rows * w2, 0, sizeof(int64_t) * (size_t)((N * R - rows) * w2)); /* the slices' padding */
-  DSV4_TRY(dsv4_xfer_reduce_scatter_i64(x, DSV4_MSG_WGRAD_SUMS, r->sums, r->mine, (size_t)(R * w2)));
-  for (int64_t i = 0; i < R && me * R + i < rows; i++) { /* this rank's rows, rounded once */
-    const int64_t g = me * R + i;
-    const wblock k = dsv4_wg_block(s, bl, r->b0 + g / bl->mb);
-    if (g % bl->mb >= k.mb) continue;
-    int64_t *h = r->mine + i * w2;
-    dsv4_xacc_normalize(h, h + bl->nb, k.nb);
-    dsv4_xacc_store(fmine + i * bl->nb, h, h + bl->nb, k.nb, 0);
-  }
+  super_round q = {s, bl, r, fmine, me * R, rows};
+  /* r->mine (a slice's room) holds the chunk in flight */
+  DSV4_TRY(dsv4_xfer_reduce_scatter_i64_each(x, DSV4_MSG_WGRAD_SUMS, r->sums, (size_t)(R * w2), r->mine,
+                                             sums_chunk(w2, R), super_round_rows, &q));
   fmine[fs - 1] = (float)(r->bad != 0); /* every rank's flag travels with its floats */
   DSV4_TRY(dsv4_xfer_allgather(x, DSV4_MSG_WGRAD_ALLGATHER, fmine, fall, sizeof(float) * (size_t)fs));
   for (int q = 0; q < N; q++) *any_bad |= fall[(int64_t)q * fs + fs - 1] != 0.0f;
@@ -935,6 +964,25 @@ static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview 
   return bad;
 }
 
+/* A chunk of this rank's slice of a product sink's rows (dsv4_xfer_reduce_scatter_i64_each), each
+ * row rounded once into the rank's floats. */
+typedef struct {
+  float *fmine;
+  int64_t w, first, rows; /* row width; the slice's first row in the chunk of rows; its rows */
+} dsum_round;
+
+static void dsum_round_rows(void *ctx, size_t off, int64_t *part, size_t c) {
+  const dsum_round *q = ctx;
+  const int64_t w2 = 2 * q->w, i0 = (int64_t)off / w2, n = (int64_t)c / w2;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n; t++) {
+    if (q->first + i0 + t >= q->rows) continue; /* the last slice's padding */
+    int64_t *h = part + t * w2;
+    dsv4_xacc_normalize(h, h + q->w, q->w);
+    dsv4_xacc_store(q->fmine + (i0 + t) * q->w, h, h + q->w, q->w, 0);
+  }
+}
+
 /* Product sink k's sums, summed over the ranks, rounded once and added to its tensor (its registered
  * value), DSV4_WG_DSUM_MSG elements at a time: each chunk's rows are reduce-scattered in N equal
  * slices (wgrad_int.h dsv4_wg_dsum), each rank rounds its slice and the floats are all-gathered
@@ -971,15 +1019,10 @@ static dsv4_status dsum_store(dsv4_wsink *k, dsv4_xfer *xf) {
      * (and the lent tensor's floats that held their low halves, for its own product) */
     if (dhi_in_out(k)) memset(k->out + r0 * w, 0, sizeof(float) * (size_t)(nr * w));
     lo_clear_lent(k, r0, nr);
-    if (N > 1) DSV4_TRY(dsv4_xfer_reduce_scatter_i64(xf, DSV4_MSG_WGRAD_SUMS, x, mine, (size_t)(R * 2 * w)));
-    else mine = x;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < R; r++) { /* this rank's rows, rounded once */
-      if (me * R + r >= nr) continue;
-      int64_t *h = mine + r * 2 * w;
-      dsv4_xacc_normalize(h, h + w, w);
-      dsv4_xacc_store(fmine + r * w, h, h + w, w, 0);
-    }
+    /* this rank's rows, rounded once as their totals arrive (mine: the chunk in flight) */
+    dsum_round q = {fmine, w, me * R, nr};
+    DSV4_TRY(dsv4_xfer_reduce_scatter_i64_each(N > 1 ? xf : NULL, DSV4_MSG_WGRAD_SUMS, x, (size_t)(R * 2 * w), mine,
+                                               sums_chunk(2 * w, R), dsum_round_rows, &q));
     const float *all = fmine;
     if (N > 1) {
       DSV4_TRY(dsv4_xfer_allgather(xf, DSV4_MSG_WGRAD_ALLGATHER, fmine, f, sizeof(float) * (size_t)(R * w)));

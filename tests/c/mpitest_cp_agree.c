@@ -3,12 +3,14 @@
  * layer with a message saying what differs, and nobody may hang; afterwards a consistent call
  * works. And the MPI transport's own int64 reduce-scatter (a ring of pairwise exchanges, in
  * messages of at most DSV4_COMM_RING_INT64) gives MPI_Reduce_scatter_block's sums, wrapping ones
- * included, over several messages. Rank 0 prints one PASS/FAIL line per case for the whole group. */
+ * included, over several messages; and the chunked one the weight gradients' sums take
+ * (dsv4_xfer_reduce_scatter_i64_each). Rank 0 prints one PASS/FAIL line per case for the whole group. */
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cp/comm.h"
+#include "cp/exchange.h"
 #include "dsv4cp_mpi.h"
 #include "testutil.h"
 #include "util/rng.h"
@@ -81,6 +83,52 @@ static void ring_sums(int rank, int size) {
   free(send), free(got), free(want);
 }
 
+/* The chunked reduce-scatter (dsv4_xfer_reduce_scatter_i64_each: the weight gradients' sums) against
+ * MPI's: every chunk of this rank's slice handed over once, in order, with MPI_Reduce_scatter_block's
+ * sums (wrapping ones included); chunks that divide the slice and one that does not; counted as one
+ * message of the whole volume. */
+typedef struct {
+  int64_t *got;
+  size_t next;
+  int in_order;
+} parts;
+
+static void take_part(void *ctx, size_t off, int64_t *part, size_t c) {
+  parts *p = ctx;
+  p->in_order &= off == p->next;
+  memcpy(p->got + off, part, sizeof(int64_t) * c);
+  p->next = off + c;
+}
+
+static void chunked_sums(int rank, int size) {
+  const size_t n = 3 * 4096 + 77, chunks[] = {4096, 1000, n, 2 * n};
+  int64_t *send = malloc(sizeof(int64_t) * n * (size_t)size), *sums = malloc(sizeof(int64_t) * n * (size_t)size);
+  int64_t *want = malloc(sizeof(int64_t) * n), *in = malloc(sizeof(int64_t) * 2 * n);
+  parts p = {malloc(sizeof(int64_t) * n), 0, 1};
+  dsv4_xfer x = {0};
+  int ok = send && sums && want && in && p.got && dsv4_comm_create_mpi(&x.comm, MPI_COMM_WORLD) == DSV4_OK;
+  for (size_t i = 0; ok && i < n * (size_t)size; i++)
+    send[i] = (int64_t)(dsv4_mix64((uint64_t)(rank * 104729) + i) >> (i % 5 ? 12 : 1));
+  ok = ok && MPI_Reduce_scatter_block(send, want, (int)n, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS;
+  for (int k = 0; ok && k < 4; k++) {
+    memcpy(sums, send, sizeof(int64_t) * n * (size_t)size);
+    memset(p.got, 0, sizeof(int64_t) * n);
+    p.next = 0, p.in_order = 1;
+    const uint64_t before = x.stats.messages[DSV4_MSG_WGRAD_SUMS], sent = x.stats.bytes_sent[DSV4_MSG_WGRAD_SUMS];
+    ok = dsv4_xfer_reduce_scatter_i64_each(&x, DSV4_MSG_WGRAD_SUMS, sums, n, in, chunks[k], take_part, &p) == DSV4_OK &&
+         p.in_order && p.next == n && !memcmp(p.got, want, sizeof(int64_t) * n) &&
+         x.stats.messages[DSV4_MSG_WGRAD_SUMS] == before + 1 &&
+         x.stats.bytes_sent[DSV4_MSG_WGRAD_SUMS] == sent + sizeof(int64_t) * n * (uint64_t)(size - 1);
+  }
+  int all = 0;
+  MPI_Reduce(&ok, &all, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+  if (rank == 0)
+    tu_check(all == size, "exchange: the chunked int64 reduce-scatter of %zu per rank (chunks of 4096, 1000, all) "
+             "equals MPI's on %d of %d ranks", n, all, size);
+  dsv4_comm_free(x.comm);
+  free(send), free(sums), free(want), free(in), free(p.got);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   int rank, size;
@@ -122,6 +170,7 @@ int main(int argc, char **argv) {
     verdict("an indivisible split fails on every rank", st, msg, DSV4_ERR_ARG, "multiple of", rank, size);
   destroy(&s);
   ring_sums(rank, size);
+  chunked_sums(rank, size);
   MPI_Finalize();
   return rank == 0 ? tu_finish() : 0;
 }
