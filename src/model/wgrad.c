@@ -1019,10 +1019,12 @@ static dsv4_status dsum_store(dsv4_wsink *k, dsv4_xfer *xf) {
      * (and the lent tensor's floats that held their low halves, for its own product) */
     if (dhi_in_out(k)) memset(k->out + r0 * w, 0, sizeof(float) * (size_t)(nr * w));
     lo_clear_lent(k, r0, nr);
-    /* this rank's rows, rounded once as their totals arrive (mine: the chunk in flight) */
+    /* this rank's rows, rounded once as their totals arrive (mine: the chunk in flight; one rank:
+     * all rows in one parallel pass) */
     dsum_round q = {fmine, w, me * R, nr};
     DSV4_TRY(dsv4_xfer_reduce_scatter_i64_each(N > 1 ? xf : NULL, DSV4_MSG_WGRAD_SUMS, x, (size_t)(R * 2 * w), mine,
-                                               sums_chunk(2 * w, R), dsum_round_rows, &q));
+                                               N > 1 ? sums_chunk(2 * w, R) : (size_t)(R * 2 * w), dsum_round_rows,
+                                               &q));
     const float *all = fmine;
     if (N > 1) {
       DSV4_TRY(dsv4_xfer_allgather(xf, DSV4_MSG_WGRAD_ALLGATHER, fmine, f, sizeof(float) * (size_t)(R * w)));
