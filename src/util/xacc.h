@@ -7,7 +7,8 @@
  *
  * Representation of one element: two int64, value = (hi 2^50 + lo) 2^-66 with lo kept in
  * [0, 2^50). A term splits as u = t 2^16 = a + b with a = rint(u) (an integer) and b = u - a
- * (exact, |b| <= 1/2); hi += a, lo += rint(b 2^50), and lo's carry (-1, 0 or 1) moves into hi.
+ * (exact, |b| <= 1/2); hi += a, lo += rint(b 2^50), and lo's carry moves into hi (after each
+ * term, or after an element's k terms: the same integers, so the same normalised pair).
  * Every step is exact IEEE double arithmetic (rint by the 1.5 2^52 trick, which rounds to nearest
  * even as rint does), so the AVX-512, AVX2 and scalar paths give the same bits.
  *
@@ -65,12 +66,14 @@ static inline int dsv4_xacc_addk_(int64_t *restrict hi, int64_t *restrict lo, co
   int bad = 0;
   int64_t e = 0;
 #ifdef __AVX512F__
-  /* eight terms per instruction; the same steps as the AVX2 loop below (carries as masked adds) */
+  /* eight terms per instruction; the same steps as the AVX2 loop below, except that lo's carries go
+   * into hi once per element after its k terms (an arithmetic shift: lo then holds at most
+   * 2^50 + k 2^49 in magnitude, far inside int64 for the k <= DSV4_WG_GROUP the library passes),
+   * not after every term: the same integers, so the same normalised (hi, lo) */
   const __m512d in8 = _mm512_set1_pd(DSV4_XACC_IN), lim8 = _mm512_set1_pd(DSV4_XACC_LIMIT);
   const __m512d magic8 = _mm512_set1_pd(DSV4_XACC_MAGIC), s50_8 = _mm512_set1_pd(0x1p50);
   const __m512i mb8 = _mm512_set1_epi64(dsv4_xacc_bits(DSV4_XACC_MAGIC));
   const __m512i mask8 = _mm512_set1_epi64(((int64_t)1 << DSV4_XACC_LO_BITS) - 1), zero8 = _mm512_setzero_si512();
-  const __m512i one8 = _mm512_set1_epi64(1);
   __mmask8 bad8 = 0;
   for (; e + 8 <= n; e += 8) {
     __m512i l = fresh ? zero8 : _mm512_loadu_si512((const void *)(lo + e));
@@ -83,12 +86,10 @@ static inline int dsv4_xacc_addk_(int64_t *restrict hi, int64_t *restrict lo, co
       const __m512d ra = _mm512_add_pd(u, magic8), a = _mm512_sub_pd(ra, magic8);
       const __m512d rb = _mm512_add_pd(_mm512_mul_pd(_mm512_sub_pd(u, a), s50_8), magic8);
       l = _mm512_add_epi64(l, _mm512_sub_epi64(_mm512_castpd_si512(rb), mb8));
-      const __mmask8 up = _mm512_cmpgt_epi64_mask(l, mask8), down = _mm512_cmplt_epi64_mask(l, zero8);
-      l = _mm512_and_si512(l, mask8);
       h = _mm512_add_epi64(h, _mm512_sub_epi64(_mm512_castpd_si512(ra), mb8));
-      h = _mm512_mask_add_epi64(h, up, h, one8);   /* lo's carry: +1 */
-      h = _mm512_mask_sub_epi64(h, down, h, one8); /* or -1 (never both) */
     }
+    h = _mm512_add_epi64(h, _mm512_srai_epi64(l, DSV4_XACC_LO_BITS)); /* lo's carries: floor(lo / 2^50) */
+    l = _mm512_and_si512(l, mask8);
     _mm512_storeu_si512((void *)(lo + e), l);
     _mm512_storeu_si512((void *)(hi + e), h);
   }
