@@ -43,6 +43,7 @@ echo "== C unit tests"
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] && run "$(basename "$t")" env ${LEAKS:-} "$t"
 done
+run "test_mem, DSV4_NO_HUGEPAGES=1" env ${LEAKS:-} DSV4_NO_HUGEPAGES=1 "$BUILD/tests/test_mem"
 echo "== reference self-test (tests/ref)"
 [ "${DSV4_SANITIZED:-0}" = 1 ] || run "ref selftest" $PY tests/ref/selftest.py
 [ "${DSV4_SANITIZED:-0}" = 1 ] || run "ref selftest41" $PY tests/ref/selftest41.py

@@ -90,6 +90,8 @@ static dsv4_status reserve(dsv4_xfer *x, size_t bytes) {
   free(x->recvbuf);
   x->sendbuf = malloc(sizeof(float) * floats);
   x->recvbuf = malloc(sizeof(float) * floats);
+  dsv4_mem_advise(x->sendbuf, sizeof(float) * floats);
+  dsv4_mem_advise(x->recvbuf, sizeof(float) * floats);
   x->buf_cap = floats;
   DSV4_CHECK(x->sendbuf && x->recvbuf, DSV4_ERR_NOMEM, "cp: out of memory for halo buffers");
 fail:

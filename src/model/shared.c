@@ -112,6 +112,7 @@ static dsv4_status hold(void **p, size_t *cap, size_t n, size_t size, const char
   free(*p);
   *cap = 0;
   *p = malloc((n ? n : 1) * size);
+  dsv4_mem_advise(*p, (n ? n : 1) * size);
   DSV4_CHECK(*p, DSV4_ERR_NOMEM, "shared: out of memory: %zu bytes for layer %d's %s", n * size, layer, what);
   *cap = n;
 fail:

@@ -726,8 +726,10 @@ dsv4_status dsv4_wsinks_add_product(dsv4_wsinks *s, float *C, const dsv4_wshape 
     row += fit;
   }
   if (row < rows) {
-    uint32_t *lo = NULL;
-    DSV4_ALLOC(lo, (rows - row) * w); /* zero pages until a block's first add writes them (dsum_block) */
+    /* zero pages until a block's first add writes them (dsum_block); plain calloc: no huge pages,
+     * whose first write would make 2 MiB of not yet used sums resident at once */
+    uint32_t *lo = calloc((size_t)((rows - row) * w), sizeof *lo);
+    DSV4_CHECK(lo, DSV4_ERR_NOMEM, "out of memory for %lld low words of weight sums", (long long)((rows - row) * w));
     k->lo[k->n_lo++] = (dsv4_wlo){lo, row, -1};
   }
   DSV4_ALLOC(k->promo, k->n_blocks);
@@ -888,6 +890,7 @@ static void block_row_xacc(const dsv4_wsink *k, const wblock *q, int64_t b, int6
 /* Block q of sink k to xacc sums: [mb rows] x [2 nb] (a row's hi, then lo). NULL: out of memory. */
 static int64_t *dsum_promote(const dsv4_wsink *k, const wblock *q) {
   int64_t *x = malloc(sizeof(int64_t) * (size_t)(q->mb * 2 * q->nb));
+  dsv4_mem_advise(x, sizeof(int64_t) * (size_t)(q->mb * 2 * q->nb));
   for (int64_t r = 0; x && r < q->mb; r++) {
     const int64_t at = (q->m0 + r) * k->w + q->n0;
     int64_t *h = x + r * 2 * q->nb;
@@ -1087,6 +1090,8 @@ static dsv4_status stash(dsv4_wsink *k, const wrun *r) {
     DSV4_CHECK(g, DSV4_ERR_NOMEM, "out of memory for kept weight-gradient rows");
     k->sg = g;
     k->cap = cap;
+    dsv4_mem_advise(k->sa, sizeof(float) * (size_t)(cap * s->M));
+    dsv4_mem_advise(k->sb, sizeof(float) * (size_t)(cap * s->N));
   }
   pack_run(s, r, k->sa + k->ns * s->M, k->sb + k->ns * s->N);
   for (int64_t i = 0; i < r->len; i++) k->sg[k->ns + i] = r->g0 + i;

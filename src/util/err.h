@@ -23,6 +23,7 @@
 
 #include <stdlib.h>
 #include "dsv4cp.h"
+#include "util/mem.h"
 
 /* Records the message and location; returns st so that it can be used in a return statement. */
 dsv4_status dsv4__err(dsv4_status st, const char *file, int line, const char *fmt, ...)
@@ -52,7 +53,7 @@ dsv4_status dsv4__err(dsv4_status st, const char *file, int line, const char *fm
 #define DSV4_ALLOC(ptr, n)                                                   \
   do {                                                                       \
     size_t dsv4__n = (size_t)(n);                                            \
-    (ptr) = calloc(dsv4__n ? dsv4__n : 1, sizeof(*(ptr)));                   \
+    (ptr) = dsv4_calloc(dsv4__n ? dsv4__n : 1, sizeof(*(ptr)));              \
     if (!(ptr))                                                              \
       DSV4_FAIL(DSV4_ERR_NOMEM, "out of memory allocating %zu elements for %s", \
                 dsv4__n, #ptr);                                              \

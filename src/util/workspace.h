@@ -51,7 +51,7 @@ static inline dsv4_status dsv4_ws_alloc(dsv4_workspace *w, size_t per_thread, in
   dsv4_status rc = DSV4_OK;
   w->per_thread = (per_thread + DSV4_WS_ALIGN - 1) / DSV4_WS_ALIGN * DSV4_WS_ALIGN;
   w->nthreads = nthreads;
-  w->base = aligned_alloc(DSV4_WS_ALIGN, w->per_thread * (size_t)nthreads + DSV4_WS_ALIGN);
+  w->base = dsv4_aligned_alloc(DSV4_WS_ALIGN, w->per_thread * (size_t)nthreads + DSV4_WS_ALIGN);
   DSV4_CHECK(w->base, DSV4_ERR_NOMEM, "%s: out of memory for %zu bytes of scratch", what,
              w->per_thread * (size_t)nthreads);
 fail:

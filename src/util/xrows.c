@@ -9,7 +9,7 @@ dsv4_status dsv4_xrows_alloc(dsv4_xrows *x, int64_t r0, int64_t rows, int64_t w,
   dsv4_status rc = DSV4_OK;
   *x = (dsv4_xrows){.r0 = r0, .rows = rows > 0 ? rows : 0, .w = w, .nt = nt};
   const size_t n = (size_t)nt * (size_t)x->rows * 2 * (size_t)w;
-  x->base = calloc(n ? n : 1, sizeof(int64_t));
+  x->base = dsv4_calloc(n ? n : 1, sizeof(int64_t));
   DSV4_CHECK(x->base, DSV4_ERR_NOMEM, "%s: out of memory for %zu bytes of exact gradient sums", what,
              sizeof(int64_t) * n);
 fail:
