@@ -46,7 +46,7 @@ static void choose_blas_kernels(char **argv) {
  * singleton: it forks a helper daemon, and its default messaging layer opens the Omni-Path
  * component, whose library's constructor sleeps ~0.2 s calibrating hardware most machines lack.
  * A one-process run talks to nobody, so unless the user set them, ask for a singleton without the
- * daemon and for the plain ob1 layer: startup 0.45 -> 0.08 s on the test machine, the same
+ * daemon and for the plain ob1 layer: start-up 0.45 -> 0.07 s on the test machine, the same
  * results (ob1 is what the default falls back to). Under a launcher nothing is changed. */
 static void quiet_singleton_mpi(void) {
   static const char *launched[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD",
