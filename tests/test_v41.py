@@ -55,6 +55,11 @@ def make_case41(build, name, args):
     """gen_case41 + ref41 into the golden directory unless an up-to-date copy exists. Returns
     (dir, 'A-B')."""
     d = os.path.join(T.golden_dir(build), name)
+    with T.case_lock(d):
+        return _make_case41(d, name, args)
+
+
+def _make_case41(d, name, args):
     stamp_file = os.path.join(d, "stamp")
     stamp = T._ref_stamp(args + " +ref41")
     a = shlex.split(args)

@@ -6,6 +6,8 @@ Tolerances (SPEC 6 and 8):
   against the float64 reference: out 1e-4, gradients 1e-3 relative to the tensor's max |value|
   CP = N against CP = 1: out, top-k and loss bitwise (when the BLAS probe says rows are position
   invariant), dx 1e-5 and weight gradients 1e-4 relative to max(1, max |value|)."""
+import contextlib
+import fcntl
 import hashlib
 import os
 import shlex
@@ -80,10 +82,28 @@ def _ref_stamp(args):
     return h.hexdigest()
 
 
+@contextlib.contextmanager
+def case_lock(d):
+    """Holds an exclusive lock on golden case directory d (its sibling file d.lock) while a case is
+    checked and made: run_all.sh runs two test programs at once, and several make the same cases."""
+    os.makedirs(os.path.dirname(d), exist_ok=True)
+    with open(d + ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def make_case(build, name, args, with_ref=True):
     """Generates case `name` from gen_case arguments (and ref.py's expected output) unless an
     up-to-date copy exists. Returns (dir, layer)."""
     d = os.path.join(golden_dir(build), name)
+    with case_lock(d):
+        return _make_case(d, name, args, with_ref)
+
+
+def _make_case(d, name, args, with_ref):
     stamp_file = os.path.join(d, "stamp")
     stamp = _ref_stamp(args + (" +ref" if with_ref else ""))
     layer = cases.layer_of_args(args) if hasattr(cases, "layer_of_args") else _layer_of(args)
