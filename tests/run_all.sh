@@ -64,8 +64,6 @@ lane_a() {
   run "golden" $PY tests/test_golden.py --build "$BUILD"
   echo "== [a] context parallelism (mpirun -np 1..4)"
   run "cp" $PY tests/test_cp.py --build "$BUILD"
-  echo "== [a] determinism: the training step's bytes for 1 and 2 threads, with and without recomputation"
-  run "determinism" $PY tests/test_determinism.py --build "$BUILD"
 }
 lane_b() {
   echo "== [b] DeepSeek V4.1 layer ranges (run --layers): reference, CP, released checkpoint, errors"
@@ -76,6 +74,8 @@ lane_b() {
   run "examples" $PY tests/test_examples.py --build "$BUILD"
   echo "== [b] released checkpoints: shards, index, FP8, MTP names (tests/ckptlib.py writes them by hand)"
   run "checkpoint" $PY tests/test_checkpoint.py --build "$BUILD"
+  echo "== [b] determinism: the training step's bytes for 1 and 2 threads, with and without recomputation"
+  run "determinism" $PY tests/test_determinism.py --build "$BUILD"
 }
 : > "$LOG.a"
 : > "$LOG.b"
