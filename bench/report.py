@@ -76,8 +76,10 @@ def main(out):
             elif any(q.get("ratio") == ratio and q.get("seq") == seq for q in peers):
                 err = [q for q in peers if q.get("ratio") == ratio and q.get("seq") == seq][0].get("error", "failed")
                 lines.append(f"{KINDS[ratio]:<12} {seq:>5} {'':>2} {'PyTorch':<10} {err[:60]}")
+    kernels = ", ".join(sorted({r.get("blas_kernels", "?") for r in res}))
     lines += ["", "sgemm reference: cblas_sgemm 2048^3 measured in each run with the same threads "
-              f"(median over runs: {median([r['sgemm_gflops_per_rank'] for r in res]):.1f} GFLOP/s per rank)", ""]
+              f"(median over runs: {median([r['sgemm_gflops_per_rank'] for r in res]):.1f} GFLOP/s per rank; "
+              f"OpenBLAS kernels: {kernels})", ""]
     lines += recompute_table(res, peers) + packed_table(res) + v41_table(res) + long_table(longs)
     lines += targets(res, peers, longs)
     text = "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ prints every message kind."""
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -30,6 +31,12 @@ def main():
     recs = [json.loads(l) for l in open(res)] if os.path.exists(res) else []
     T.check(len(recs) == len(runs) and all(r["gflops"] > 0 and r["fwd_s"] > 0 for r in recs),
             "bench smoke: JSON records", f"{len(recs)} records")
+    rc, o, e = T.cli(a.build, ["info"])
+    m = re.search(r"openblas kernels: (\S+)", o)
+    core = m.group(1) if m else "?"
+    T.check(recs and all(r.get("blas_kernels") == core for r in recs),
+            "bench smoke: each record names the OpenBLAS kernels (as dsv4cp info does)",
+            f"{core} vs {sorted({r.get('blas_kernels') for r in recs})}")
     multi = [r for r in recs if r["ranks"] > 1]
     T.check(multi and all(r["bytes_match_plan"] is True for r in multi), "bench smoke: measured bytes == plan",
             str([r["bytes_match_plan"] for r in multi]))
@@ -41,6 +48,7 @@ def main():
             str([(r.get("recompute"), r.get("saved_activation_mb")) for r in recs]))
     rc, o, e = T.run([T.PYTHON, os.path.join(T.ROOT, "bench", "report.py"), out], timeout=120)
     T.check(rc == 0 and os.path.exists(os.path.join(out, "report.txt")) and
+            f"OpenBLAS kernels: {core})" in open(os.path.join(out, "report.txt")).read() and
             all(os.path.exists(os.path.join(out, f)) for f in ("time_vs_length.png", "scaling.png", "bytes_per_rank.png")),
             "bench smoke: report.py writes the report and plots", e.strip()[-200:])
     rc, o, e = T.cli(a.build, ["plan", "--preset", "flash", "--seq", "4096", "--ranks", "4"])

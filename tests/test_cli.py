@@ -103,6 +103,38 @@ def test_gradient_names(build):
             "cli check names gradients grad.layers.L.attn.* like run", " ".join(names[:2]))
 
 
+def cpu_kernels():
+    """The kernel family the CLI picks for this CPU when OPENBLAS_CORETYPE is unset (tools/cli.c)."""
+    flags = set()
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    return "SkylakeX" if "avx512f" in flags else "Haswell" if "avx2" in flags else None
+
+
+def test_info_kernel_note(build):
+    """info names the kernels in use, and says so when OPENBLAS_CORETYPE picks narrower ones than the
+    CPU runs (an inherited Haswell on an AVX-512 machine halves the large products)."""
+    exe = os.path.join(build, "dsv4cp")
+    best = cpu_kernels()
+    if not best:  # no AVX2: OpenBLAS's own choice stands, nothing to compare against
+        return
+    def show(out, err):
+        return (out + err).strip().replace("\n", " | ")[:300]
+
+    rc, out, err = T.run(["env", "-u", "OPENBLAS_CORETYPE", exe, "info"])
+    T.check(rc == 0 and f"openblas kernels: {best}\n" in out and "note:" not in out,
+            "cli info: the CPU's own kernels when OPENBLAS_CORETYPE is unset, no note", show(out, err))
+    rc, out, err = T.run([exe, "info"], env={"OPENBLAS_CORETYPE": best})
+    T.check(rc == 0 and "note:" not in out, f"cli info: no note when OPENBLAS_CORETYPE={best}", show(out, err))
+    narrow = "Haswell" if best == "SkylakeX" else "Sandybridge"
+    rc, out, err = T.run([exe, "info"], env={"OPENBLAS_CORETYPE": narrow})
+    note = [l for l in out.splitlines() if l.startswith("note:")]
+    T.check(rc == 0 and len(note) == 1 and best in note[0] and f"OPENBLAS_CORETYPE={narrow}" in note[0],
+            f"cli info: a one-line note when OPENBLAS_CORETYPE={narrow} on a {best} CPU", show(out, err))
+
+
 def write_st(path, tensors):
     T.st.write(path, tensors)
 
@@ -126,6 +158,7 @@ def main():
     test_help_lists_what_is_read(b)
     test_summary_and_progress(b, tmp)
     test_gradient_names(b)
+    test_info_kernel_note(b)
     expect_error(b, "unknown command", ["frobnicate"], "unknown command")
     expect_error(b, "unknown option", ["run", "--bogus", "1"], "--bogus")
     expect_error(b, "option without its value", ["run", "--config"], "--config")

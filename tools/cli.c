@@ -154,6 +154,11 @@ int cli_int(cli_ctx *c, const char *opt, const char *s, int64_t lo, int64_t hi, 
   return 0;
 }
 
+const char *cli_cpu_blas_kernels(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : NULL;
+}
+
 void cli_set_threads(cli_ctx *c, const char *threads_opt) {
   int64_t t = 0;
   if (threads_opt && cli_int(c, "threads", threads_opt, 1, 1024, &t) == 0) {

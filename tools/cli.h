@@ -54,6 +54,12 @@ int cli_int(cli_ctx *c, const char *opt, const char *s, int64_t lo, int64_t hi, 
 /* Sets OpenMP threads per rank: --threads when given, else cores / ranks on this node. */
 void cli_set_threads(cli_ctx *c, const char *threads_opt);
 
+/* The OpenBLAS kernel family this CPU runs best ("SkylakeX" with AVX-512, "Haswell" with AVX2), or
+ * NULL when it has neither (then OpenBLAS's own choice stands). */
+const char *cli_cpu_blas_kernels(void);
+/* OpenBLAS's name of the kernels it loaded (e.g. "SkylakeX"). */
+extern char *openblas_get_corename(void);
+
 /* The commands. */
 int cmd_run(cli_ctx *c, int argc, char **argv);
 int cmd_demo(cli_ctx *c, int argc, char **argv);

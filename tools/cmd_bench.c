@@ -257,11 +257,12 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
               "\"peak_rss_mb\": %.1f, \"saved_activation_mb\": %.1f, \"busy_spread\": %.4f, "
               "\"allgather_blocking_s\": %.6f, \"allgather_hidden_fraction\": %.4f, \"bytes_match_plan\": %s, "
               "\"saved_bytes_match_plan\": %s, \"recompute\": %s, \"packing\": \"%s\", \"planned_mb\": %.1f, "
-              "\"rss_base_mb\": %.1f, \"rss_above_base_mb\": %.1f, \"per_rank\": [",
+              "\"rss_base_mb\": %.1f, \"rss_above_base_mb\": %.1f, \"blas_kernels\": \"%s\", \"per_rank\": [",
           range, j->cfg.v41 ? "v41" : "v4", j->ratio, (long long)j->T, c->size, split, omp_get_max_threads(), reps, fwd, bwd, (double)j->T / (fwd + bwd),
           f.fwd / 1e9, f.bwd / 1e9, gflops, gemm / c->size, tm->fraction, rss, sv, isnan(spread) ? 0 : spread,
           blocking, isnan(hidden) ? -1.0 : hidden, c->size == 1 ? "null" : planned_ok ? "true" : "false",
-          saved_planned ? "true" : "false", j->recompute ? "true" : "false", packing, planned, base, rss_above_base);
+          saved_planned ? "true" : "false", j->recompute ? "true" : "false", packing, planned, base, rss_above_base,
+          openblas_get_corename());
   for (int r = 0; r < c->size; r++) {
     fprintf(fj, "%s{\"rank\": %d, \"fwd_s\": %.6f, \"bwd_s\": %.6f, \"busy_s\": %.6f, \"peak_rss_mb\": %.1f, "
                 "\"saved_activation_mb\": %.1f, \"messages\": {",

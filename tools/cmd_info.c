@@ -5,18 +5,28 @@
  * kernels the CLI uses. */
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
 
 #include "cli.h"
-
-/* OpenBLAS's name of the kernels it picked (e.g. "SkylakeX"). */
-extern char *openblas_get_corename(void);
 
 static const char *USAGE =
     "usage: dsv4cp info [--threads N]\n"
     "\n"
-    "Prints the library version, the OpenBLAS kernels in use, threads per rank, and whether a BLAS\n"
-    "row's bits are independent of its position in a call (then CP = N forward outputs are bitwise\n"
-    "equal to CP = 1).";
+    "Prints the library version, the OpenBLAS kernels in use (and a note when they are slower than\n"
+    "the ones this CPU can run), threads per rank, and whether a BLAS row's bits are independent of\n"
+    "its position in a call (then CP = N forward outputs are bitwise equal to CP = 1).";
+
+/* How wide the kernels of an OpenBLAS core name are: 3 for the AVX-512 families, 2 for AVX2 (Zen runs
+ * the Haswell kernels), 1 for anything older. */
+static int kernel_tier(const char *name) {
+  static const char *avx512[] = {"SkylakeX", "Cooperlake", "SapphireRapids"}, *avx2[] = {"Haswell", "Zen"};
+  for (size_t i = 0; i < sizeof avx512 / sizeof avx512[0]; i++)
+    if (!strcasecmp(name, avx512[i])) return 3;
+  for (size_t i = 0; i < sizeof avx2 / sizeof avx2[0]; i++)
+    if (!strcasecmp(name, avx2[i])) return 2;
+  return 1;
+}
 
 int cmd_info(cli_ctx *c, int argc, char **argv) {
   const char *threads = NULL;
@@ -28,7 +38,18 @@ int cmd_info(cli_ctx *c, int argc, char **argv) {
   if (cli_sync(c)) return 1;
   const int invariant = dsv4_blas_probe_invariance();
   cli_say(c, "dsv4cp %s (header %s)\n", dsv4_version(), DSV4_VERSION_STRING);
-  cli_say(c, "openblas kernels: %s\n", openblas_get_corename());
+  const char *core = openblas_get_corename(), *best = cli_cpu_blas_kernels(), *env = getenv("OPENBLAS_CORETYPE");
+  cli_say(c, "openblas kernels: %s\n", core);
+  /* An inherited OPENBLAS_CORETYPE=Haswell on an AVX-512 machine halves every large product
+   * (docs/perf.md measures 98 against 202 GFLOP/s on a Zen 5); say so, since nothing else does. */
+  if (best && kernel_tier(core) < kernel_tier(best)) {
+    if (env)
+      cli_say(c, "note: this CPU runs the %s kernels, but OPENBLAS_CORETYPE=%s selects %s; large products may "
+              "run at half speed or less (unset it to let dsv4cp choose)\n", best, env, core);
+    else
+      cli_say(c, "note: this CPU runs the %s kernels, but OpenBLAS loaded %s; large products may run at half "
+              "speed or less (set OPENBLAS_CORETYPE=%s)\n", best, core, best);
+  }
   cli_say(c, "ranks: %d, threads per rank: %d\n", c->size, omp_get_max_threads());
   cli_say(c, "BLAS rows position invariant: %s\n", invariant ? "yes" : "no");
   return 0;

@@ -29,13 +29,11 @@ static const char *USAGE =
 /* OpenBLAS picks its kernels when the library loads, from OPENBLAS_CORETYPE or cpuid; on CPUs newer
  * than its table (Sapphire Rapids, for Debian's 0.3.21) cpuid falls back to SSE3
  * "Prescott" kernels, 8x slower. So, unless the user chose, pick the AVX-512 or AVX2 kernels and
- * re-execute once (before MPI_Init, so every rank does the same). */
+ * re-execute once (before MPI_Init, so every rank does the same). A user's OPENBLAS_CORETYPE is
+ * honoured even when it is slower than the CPU's own family; `dsv4cp info` says so. */
 static void choose_blas_kernels(char **argv) {
   if (getenv("OPENBLAS_CORETYPE") || getenv("DSV4_NO_REEXEC")) return;
-  __builtin_cpu_init();
-  const char *core = __builtin_cpu_supports("avx512f") ? "SkylakeX"
-                     : __builtin_cpu_supports("avx2") ? "Haswell"
-                                                      : NULL;
+  const char *core = cli_cpu_blas_kernels();
   if (!core) return;
   setenv("OPENBLAS_CORETYPE", core, 1);
   execv("/proc/self/exe", argv);
