@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "cli.h"
+#include "dsv4cp_io.h"
 
 static const char *USAGE =
     "usage: dsv4cp info [--threads N]\n"
@@ -43,9 +44,10 @@ int cmd_info(cli_ctx *c, int argc, char **argv) {
   /* An inherited OPENBLAS_CORETYPE=Haswell on an AVX-512 machine halves every large product
    * (docs/perf.md measures 98 against 202 GFLOP/s on a Zen 5); say so, since nothing else does. */
   if (best && kernel_tier(core) < kernel_tier(best)) {
+    char e[64]; /* the user's text, printed as such: control characters escaped */
     if (env)
       cli_say(c, "note: this CPU runs the %s kernels, but OPENBLAS_CORETYPE=%s selects %s; large products may "
-              "run at half speed or less (unset it to let dsv4cp choose)\n", best, env, core);
+              "run at half speed or less (unset it to let dsv4cp choose)\n", best, dsv4_escape(e, sizeof e, env), core);
     else
       cli_say(c, "note: this CPU runs the %s kernels, but OpenBLAS loaded %s; large products may run at half "
               "speed or less (set OPENBLAS_CORETYPE=%s)\n", best, core, best);
