@@ -8,5 +8,8 @@ if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
   if grep -q avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
   elif grep -q avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
 fi
+# A user's OPENBLAS_CORETYPE is kept; say at the start when it selects narrower kernels than this CPU
+# runs (`dsv4cp info`'s note: an inherited Haswell on AVX-512 halves every figure of a two-hour run).
+[ -x "${BUILD:-build}/dsv4cp" ] && { "${BUILD:-build}/dsv4cp" info 2>/dev/null | grep '^note:' >&2 || true; }
 MPIRUN="mpirun --quiet --oversubscribe --bind-to none -np 2"
 [ "$(id -u)" -eq 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
