@@ -104,7 +104,9 @@ def test_gradient_names(build):
 
 
 def cpu_kernels():
-    """The kernel family the CLI picks for this CPU when OPENBLAS_CORETYPE is unset (tools/cli.c)."""
+    """The kernel family the CLI picks for this CPU when OPENBLAS_CORETYPE is unset (tools/cli.c),
+    restated from /proc/cpuinfo as the test's own oracle (the binding's _lib has the same rule, but
+    importing it loads the library)."""
     flags = set()
     for line in open("/proc/cpuinfo"):
         if line.startswith("flags"):
