@@ -14,6 +14,7 @@ agreement check (ranks given different inputs)."""
 import argparse
 import json
 import os
+import platform
 import random
 import re
 import sys
@@ -297,6 +298,35 @@ def test_agreement(build):
                 f"exit {rc}, {time.time() - t0:.1f} s {err.strip()[-200:]}")
 
 
+def test_mixed_blas(build):
+    """Ranks whose OpenBLAS kernels round differently (OPENBLAS_CORETYPE differs between them) would
+    give results within tolerance of CP = 1 but not its bits, top-k ids included: the agreement check
+    makes every rank fail at once, naming rank 0's family and the first rank whose differs."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        print("note: mixed-kernel check skipped (the kernel family names are x86's)")
+        return
+    exe = os.path.join(build, "dsv4cp")
+    args = ["run", "--preset", "tiny", "--layer", "1", "--seq", "96", "--quiet",
+            "--output", os.path.join(T.golden_dir(build), "mixed_blas.safetensors")]
+    for fams in (("Prescott", "Prescott"), ("Prescott", "Nehalem"), ("Nehalem", "Nehalem", "Prescott")):
+        cmd = ["mpirun", "--quiet", "--oversubscribe", "--allow-run-as-root"]
+        for i, fam in enumerate(fams):
+            cmd += ([":"] if i else []) + ["-np", "1", "-x", f"OPENBLAS_CORETYPE={fam}", exe] + args
+        t0 = time.time()
+        rc, out, err = T.run(cmd, timeout=2 * FAIL_SECONDS)
+        label = f"cp mixed kernels {'/'.join(fams)}"
+        if len(set(fams)) == 1:
+            T.check(rc == 0, f"{label}: the same family on every rank runs", err.strip()[-200:])
+            continue
+        lines = [l for l in err.splitlines() if "BLAS kernels that round differently" in l]
+        odd = next(i for i, f in enumerate(fams) if f != fams[0])
+        T.check(rc != 0 and time.time() - t0 < FAIL_SECONDS and len(lines) == len(fams),
+                f"{label}: every rank fails at once with the message", f"exit {rc}, {len(lines)} lines, "
+                f"{time.time() - t0:.1f} s {err.strip()[-200:]}")
+        T.check(bool(lines) and f"'{fams[0]}' on rank 0, '{fams[odd]}' on rank {odd}" in lines[0],
+                f"{label}: the message names both families and ranks", lines[0][:200] if lines else "")
+
+
 def test_check_command(build):
     for layer in (0, 1, 2):
         seq = "512" if layer == 2 else "128"
@@ -358,6 +388,7 @@ def main():
         test_random_against_reference(a.build, bitwise)
         test_loud_failures(a.build)
         test_agreement(a.build)
+        test_mixed_blas(a.build)
         test_check_command(a.build)
         test_train(a.build)
     return T.finish()

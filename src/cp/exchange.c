@@ -1,10 +1,13 @@
 /* exchange.c: the messages of two-stage CP over a plan (exchange.h), with their accounting. */
 #include "exchange.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include "util/err.h"
+#include "util/gemm.h"
+#include "util/hash.h"
 #include "util/xacc.h"
 
 double dsv4_xfer_now(void) {
@@ -32,24 +35,43 @@ void dsv4_xfer_free(dsv4_xfer *x) {
 
 /* ---- agreement: one small collective before anything else ------------------------------------ */
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 /* Hash of the packing meta as given (bounded reads: a nonsense n_docs is hashed as a number and
  * rejected later by validation, identically on every rank). A hash suffices here: it only decides
  * whether the ranks' inputs differ (a collision lets a disagreement through to the validation of
  * each rank's own plan; it never makes a plan reuse another packing's layout). */
 static uint64_t hash_packing(const dsv4_packing *pk) {
   const int64_t head[] = {pk->T, pk->cu_seqlens ? pk->n_docs : -1, pk->batched, pk->seqlens_real != NULL};
-  uint64_t h = fnv(1469598103934665603ull, head, sizeof head);
+  uint64_t h = dsv4_fnv1a(DSV4_FNV_OFFSET, head, sizeof head);
   if (pk->cu_seqlens && pk->n_docs >= 1 && pk->n_docs <= pk->T) {
-    h = fnv(h, pk->cu_seqlens, sizeof(int32_t) * (size_t)(pk->n_docs + 1));
-    if (pk->seqlens_real) h = fnv(h, pk->seqlens_real, sizeof(int32_t) * (size_t)pk->n_docs);
+    h = dsv4_fnv1a(h, pk->cu_seqlens, sizeof(int32_t) * (size_t)(pk->n_docs + 1));
+    if (pk->seqlens_real) h = dsv4_fnv1a(h, pk->seqlens_real, sizeof(int32_t) * (size_t)pk->n_docs);
   }
   return h;
+}
+
+/* Names two ranks whose BLAS fingerprints differ: rank 0 and the lowest rank that differs from it,
+ * with OpenBLAS's kernel family on each, into which. Every rank calls it (each saw the same
+ * disagreement in the agreement's all-reduce); fixed-size messages, nothing allocated, so no rank
+ * can leave the others waiting. */
+static void blas_disagreement(dsv4_comm *c, int64_t mine, char *which, size_t cap) {
+  struct {
+    int64_t fp;
+    char name[40];
+  } first = {mine, {0}}, other = {0, {0}};
+  snprintf(first.name, sizeof first.name, "%s", dsv4_blas_kernels());
+  memcpy(&other, &first, sizeof other);
+  int64_t q = c->size;
+  if (dsv4_comm_bcast(c, &first, sizeof first, 0) == DSV4_OK) {
+    q = mine != first.fp ? c->rank : c->size;
+    if (dsv4_comm_allreduce(c, &q, 1, DSV4_RED_I64, DSV4_RED_MIN) != DSV4_OK ||
+        (q < c->size && dsv4_comm_bcast(c, &other, sizeof other, (int)q) != DSV4_OK))
+      q = c->size;
+  }
+  if (q >= c->size) snprintf(which, cap, "this rank: OpenBLAS '%s'", other.name);
+  else if (strcmp(first.name, other.name))
+    snprintf(which, cap, "OpenBLAS '%s' on rank 0, '%s' on rank %lld", first.name, other.name, (long long)q);
+  else
+    snprintf(which, cap, "OpenBLAS '%s' on rank 0 and on rank %lld, but different builds", first.name, (long long)q);
 }
 
 dsv4_status dsv4_xfer_agree(dsv4_xfer *x, uint64_t cfg_hash, const dsv4_packing *pk, int64_t n_local,
@@ -59,7 +81,7 @@ dsv4_status dsv4_xfer_agree(dsv4_xfer *x, uint64_t cfg_hash, const dsv4_packing 
   if (x->comm->size == 1) return DSV4_OK;
   /* as (max of v, max of -v) pairs: one MAX all-reduce gives every value's max and min */
   const int64_t v[DSV4_AGREE_VALUES / 2] = {(int64_t)(cfg_hash >> 1), (int64_t)(hash_packing(pk) >> 1), n_local,
-                                            (int64_t)split};
+                                            (int64_t)split, (int64_t)(dsv4_blas_fingerprint() >> 1)};
   int64_t mm[DSV4_AGREE_VALUES];
   for (int i = 0; i < DSV4_AGREE_VALUES / 2; i++) {
     mm[2 * i] = v[i];
@@ -76,6 +98,16 @@ dsv4_status dsv4_xfer_agree(dsv4_xfer *x, uint64_t cfg_hash, const dsv4_packing 
              "CP ranks hold different numbers of local rows (between %lld and %lld; every rank must hold T/N)",
              (long long)-mm[5], (long long)mm[4]);
   DSV4_CHECK(mm[6] == -mm[7], DSV4_ERR_COMM, "CP ranks disagree on the split (contiguous / zigzag)");
+  /* last: the inputs agree, only the arithmetic would differ (silently: results within tolerance
+   * of CP = 1 but not its bits, top-k ids included) */
+  if (mm[8] != -mm[9]) {
+    char which[160];
+    blas_disagreement(x->comm, (int64_t)(dsv4_blas_fingerprint() >> 1), which, sizeof which);
+    DSV4_FAIL(DSV4_ERR_COMM,
+              "CP ranks run BLAS kernels that round differently (%s), so CP = N could not give CP = 1's "
+              "bits; set OPENBLAS_CORETYPE to the same kernel family on every rank",
+              which);
+  }
 fail:
   return rc;
 }

@@ -17,8 +17,8 @@
 #include "plan/plan.h"
 #include "util/exactsum.h"
 
-/* Values of the agreement all-reduce: each of 4 quantities as (max, -min). */
-#define DSV4_AGREE_VALUES 8
+/* Values of the agreement all-reduce: each of 5 quantities as (max, -min). */
+#define DSV4_AGREE_VALUES 10
 
 /* The KL loss partial each rank all-gathers: exact sum and valid count (32 bytes with the
  * alignment of the 128-bit sum). */
@@ -50,8 +50,9 @@ dsv4_status dsv4_cp_stats_out(dsv4_cp_stats *dst, const dsv4_cp_stats *src);
 double dsv4_xfer_now(void);
 
 /* Collective, first of every forward: all ranks agree on the configuration (cfg_hash), the packing
- * meta, the local row count and the split, so that an input that differs between ranks fails on
- * every rank with the same message instead of hanging one. */
+ * meta, the local row count, the split and the BLAS's rounding (dsv4_blas_fingerprint), so that an
+ * input that differs between ranks fails on every rank with the same message instead of hanging
+ * one, and ranks whose products round differently fail instead of losing CP = 1's bits silently. */
 dsv4_status dsv4_xfer_agree(dsv4_xfer *x, uint64_t cfg_hash, const dsv4_packing *pk, int64_t n_local,
                             dsv4_split split);
 

@@ -7,28 +7,23 @@
 #include "util/abi.h"
 #include "util/err.h"
 #include "util/gemm.h"
+#include "util/hash.h"
 #include "util/par.h"
 
 /* Hash of every config value the agreement compares (field by field: padding bytes are not data). */
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 static uint64_t hash_config(const dsv4_config *f, int layer, int ratio) {
   const int ints[] = {f->dim, f->n_heads, f->head_dim, f->rope_dim, f->q_lora_rank, f->o_groups, f->o_lora_rank,
                       f->window, f->index_n_heads, f->index_head_dim, f->index_topk, layer, ratio,
                       (int)f->index_loss_mode};
   const double dbl[] = {f->rope_theta, f->compress_rope_theta, f->rope_factor, f->rope_orig_max_pos,
                         f->beta_fast, f->beta_slow, f->eps, f->index_loss_coeff};
-  uint64_t h = fnv(1469598103934665603ull, ints, sizeof ints);
-  h = fnv(h, dbl, sizeof dbl);
+  uint64_t h = dsv4_fnv1a(DSV4_FNV_OFFSET, ints, sizeof ints);
+  h = dsv4_fnv1a(h, dbl, sizeof dbl);
   const int v41[] = {f->v41, f->n_kv_sources, f->n_index_sources, f->candidate_source, f->candidate_topk_blocks,
                      f->candidate_block_size};
-  h = fnv(h, v41, sizeof v41);
-  h = fnv(h, f->kv_sources, sizeof(int) * (size_t)(f->n_kv_sources > 0 ? f->n_kv_sources : 0));
-  return fnv(h, f->index_sources, sizeof(int) * (size_t)(f->n_index_sources > 0 ? f->n_index_sources : 0));
+  h = dsv4_fnv1a(h, v41, sizeof v41);
+  h = dsv4_fnv1a(h, f->kv_sources, sizeof(int) * (size_t)(f->n_kv_sources > 0 ? f->n_kv_sources : 0));
+  return dsv4_fnv1a(h, f->index_sources, sizeof(int) * (size_t)(f->n_index_sources > 0 ? f->n_index_sources : 0));
 }
 
 dsv4_status dsv4_core_create(dsv4_core **out, const dsv4_config *cfg, int layer, const dsv4_weights *w) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "err.h"
+#include "util/hash.h"
 
 /* Upper bound of the projection panel: large enough that re-packing the weight per panel costs
  * under ~5% (512-row panels reach ~95% of one whole-matrix sgemm call; docs/perf.md). */
@@ -396,4 +397,46 @@ int dsv4_blas_probe_invariance(void) {
   for (int r = 0; r < M; r += 2) same &= memcmp(C1 + r * N, C2 + r * N, sizeof(float) * N) == 0;
   free(A1);
   return same;
+}
+
+const char *dsv4_blas_kernels(void) { return openblas_get_corename(); }
+
+/* The products' shapes cross the kernels' edge tiles in M and N (37, 29: no multiple of 4 or 8)
+ * and, with K = 1031, more than one K block of the usual kernels (where a family rounds its
+ * partial sums): two families, or two BLAS builds under one name, that round differently are very
+ * likely to differ here; and the family's name is hashed too. Called as the library calls BLAS (one thread, inside a parallel region). The operands are
+ * static (285 KB, written once under a lock): no allocation that could fail on one rank only. */
+enum { FP_M = 37, FP_N = 29, FP_K = 1031 };
+static float fp_buf[FP_M * FP_K + FP_N * FP_K + 3 * FP_M * FP_N];
+
+static uint64_t fingerprint(void) {
+  const int M = FP_M, N = FP_N, K = FP_K;
+  const char *core = openblas_get_corename();
+  uint64_t h = dsv4_fnv1a(DSV4_FNV_OFFSET, core ? core : "?", core ? strlen(core) : 1);
+  float *A = fp_buf, *B = A + M * K, *C = B + N * K;
+  probe_fill(A, M * K + N * K, 2718);
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp master
+    {
+      dsv4_blas_serial();
+      dsv4_gemm_nt(M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);             /* A [M, K], B [N, K] */
+      dsv4_gemm_nn(M, N, K, 1.0f, A, K, B, N, 0.0f, C + M * N, N);     /* B read as [K, N] */
+      dsv4_gemm_tn(M, N, K, 1.0f, A, M, B, N, 0.0f, C + 2 * M * N, N); /* A read as [K, M] */
+    }
+  }
+  return dsv4_fnv1a(h, C, sizeof(float) * 3 * (size_t)M * N);
+}
+
+uint64_t dsv4_blas_fingerprint(void) {
+  static uint64_t value;
+  static int done;
+  if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
+#pragma omp critical(dsv4_blas_fingerprint)
+    if (!__atomic_load_n(&done, __ATOMIC_RELAXED)) {
+      value = fingerprint();
+      __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+    }
+  }
+  return value;
 }

@@ -4,6 +4,9 @@
 #define DSV4_RNG_H
 
 #include <stdint.h>
+#include <string.h>
+
+#include "util/hash.h"
 
 /* splitmix64 finaliser: a bijective 64-bit mix. */
 static inline uint64_t dsv4_mix64(uint64_t z) {
@@ -20,11 +23,7 @@ static inline float dsv4_uniform(uint64_t seed, uint64_t stream, uint64_t i) {
 }
 
 /* Stream id of a name (FNV-1a), so each weight tensor has its own stream. */
-static inline uint64_t dsv4_name_stream(const char *s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
-  return h;
-}
+static inline uint64_t dsv4_name_stream(const char *s) { return dsv4_fnv1a(DSV4_FNV_OFFSET, s, strlen(s)); }
 
 /* dsv4_random_fill and dsv4_random_stream (= dsv4_name_stream) are public: dsv4cp_io.h. */
 #include "dsv4cp_io.h"
