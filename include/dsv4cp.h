@@ -524,6 +524,13 @@ DSV4_API void dsv4_cp_stats_reset(dsv4_core *core);
  * CP = N and CP = 1 when it holds; `dsv4cp info` reports it. */
 DSV4_API int dsv4_blas_probe_invariance(void);
 
+/* A hash of how this process's BLAS rounds: OpenBLAS's kernel family and the bytes of three small
+ * products (NT, NN, TN) made as the library makes them; computed once per process. Ranks of one CP
+ * job must share it (ranks whose products round differently could not give CP = 1's bits): every
+ * CP forward checks it with the other inputs and fails on every rank when it differs. `dsv4cp info`
+ * under mpirun compares it across ranks before a job. */
+DSV4_API uint64_t dsv4_blas_fingerprint(void);
+
 #ifdef __cplusplus
 }
 #endif

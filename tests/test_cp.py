@@ -325,6 +325,17 @@ def test_mixed_blas(build):
                 f"{time.time() - t0:.1f} s {err.strip()[-200:]}")
         T.check(bool(lines) and f"'{fams[0]}' on rank 0, '{fams[odd]}' on rank {odd}" in lines[0],
                 f"{label}: the message names both families and ranks", lines[0][:200] if lines else "")
+    # `dsv4cp info` before a job: the fingerprint on one rank, and under mpirun whether the ranks share it
+    for fams in (("Prescott", "Prescott"), ("Prescott", "Nehalem", "Prescott")):
+        cmd = ["mpirun", "--quiet", "--oversubscribe", "--allow-run-as-root"]
+        for i, fam in enumerate(fams):
+            cmd += ([":"] if i else []) + ["-np", "1", "-x", f"OPENBLAS_CORETYPE={fam}", exe, "info"]
+        rc, out, err = T.run(cmd, timeout=2 * FAIL_SECONDS)
+        line = next((l for l in out.splitlines() if l.startswith("BLAS fingerprint:")), "")
+        want = ("on every rank",) if len(set(fams)) == 1 else ("the ranks differ", "rank 0 'Prescott'", "rank 1 'Nehalem'")
+        T.check(rc == 0 and all(w in line for w in want) and "rank 2" not in line,
+                f"cp info {'/'.join(fams)}: the BLAS fingerprint line says whether the ranks share it",
+                line or (out + err).strip()[-200:])
 
 
 def test_check_command(build):

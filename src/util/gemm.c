@@ -3,6 +3,7 @@
 #include "util/workspace.h"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -405,7 +406,7 @@ const char *dsv4_blas_kernels(void) { return openblas_get_corename(); }
  * and, with K = 1031, more than one K block of the usual kernels (where a family rounds its
  * partial sums): two families, or two BLAS builds under one name, that round differently are very
  * likely to differ here; and the family's name is hashed too. Called as the library calls BLAS (one thread, inside a parallel region). The operands are
- * static (285 KB, written once under a lock): no allocation that could fail on one rank only. */
+ * static (285 KB, written once: pthread_once): no allocation that could fail on one rank only. */
 enum { FP_M = 37, FP_N = 29, FP_K = 1031 };
 static float fp_buf[FP_M * FP_K + FP_N * FP_K + 3 * FP_M * FP_N];
 
@@ -428,15 +429,12 @@ static uint64_t fingerprint(void) {
   return dsv4_fnv1a(h, C, sizeof(float) * 3 * (size_t)M * N);
 }
 
+static pthread_once_t fingerprint_once = PTHREAD_ONCE_INIT;
+static uint64_t fingerprint_value;
+
+static void fingerprint_init(void) { fingerprint_value = fingerprint(); }
+
 uint64_t dsv4_blas_fingerprint(void) {
-  static uint64_t value;
-  static int done;
-  if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-#pragma omp critical(dsv4_blas_fingerprint)
-    if (!__atomic_load_n(&done, __ATOMIC_RELAXED)) {
-      value = fingerprint();
-      __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
-    }
-  }
-  return value;
+  pthread_once(&fingerprint_once, fingerprint_init);
+  return fingerprint_value;
 }

@@ -69,11 +69,7 @@ void dsv4_panel_scratch_release(void);
 
 /* dsv4_blas_probe_invariance is public (dsv4cp.h). */
 
-/* The BLAS's identity for the CP agreement (cp/exchange.c): a hash of OpenBLAS's kernel family and
- * of the bytes of three small products (NT, NN and TN, as the library calls them). Ranks whose
- * products round differently cannot give CP = 1's bits, so they must not run one layer together.
- * Computed once per process. */
-uint64_t dsv4_blas_fingerprint(void);
+/* dsv4_blas_fingerprint (what the CP agreement compares) is public too (dsv4cp.h). */
 
 /* The kernel family OpenBLAS runs (openblas_get_corename), for messages. */
 const char *dsv4_blas_kernels(void);
