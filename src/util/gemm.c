@@ -405,8 +405,9 @@ const char *dsv4_blas_kernels(void) { return openblas_get_corename(); }
 /* The products' shapes cross the kernels' edge tiles in M and N (37, 29: no multiple of 4 or 8)
  * and, with K = 1031, more than one K block of the usual kernels (where a family rounds its
  * partial sums): two families, or two BLAS builds under one name, that round differently are very
- * likely to differ here; and the family's name is hashed too. Called as the library calls BLAS (one thread, inside a parallel region). The operands are
- * static (285 KB, written once: pthread_once): no allocation that could fail on one rank only. */
+ * likely to differ here; and the family's name is hashed too. Called as the library calls BLAS
+ * (one thread, inside a parallel region). The operands are static (285 KB, written once under
+ * pthread_once): no allocation that could fail on one rank only and leave the others waiting. */
 enum { FP_M = 37, FP_N = 29, FP_K = 1031 };
 static float fp_buf[FP_M * FP_K + FP_N * FP_K + 3 * FP_M * FP_N];
 

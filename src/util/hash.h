@@ -1,6 +1,7 @@
 /* hash.h: FNV-1a over bytes, the one hash of the library: the agreement check's config, packing and
  * BLAS fingerprints (equal inputs give equal values on every rank) and the random streams' names.
- * Not a cryptographic hash: a collision could only let a disagreement through to later checks. */
+ * Not a cryptographic hash: a collision (about 2^-63 for two different inputs) would let a
+ * disagreement between ranks through unnoticed. */
 #ifndef DSV4_HASH_H
 #define DSV4_HASH_H
 
