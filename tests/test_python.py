@@ -211,6 +211,10 @@ def test_blas_order(build, work):
     cli = os.path.join(work, "cli1_csa_packed.safetensors")
     if not os.path.exists(cli):
         cli_out(build, d, layer, cli)
+    rc, out, err = T.cli(build, ["info"])
+    cli_fp = re.search(r"BLAS fingerprint: ([0-9a-f]{16})", out)
+    cli_fp = cli_fp.group(1) if cli_fp else None
+    T.check(rc == 0 and cli_fp, "python blas: dsv4cp info prints the program's BLAS fingerprint", tail(out + err, 200))
     for order, extra, env, what in (
             ("dsv4cp-first", [], {}, "dsv4cp imported before torch"),
             ("numpy-prescott", [], {}, "numpy loaded OpenBLAS with SSE3 kernels first: dsv4cp re-selects the CLI's"),
@@ -225,6 +229,9 @@ def test_blas_order(build, work):
         fails = T.compare_cp(got, cli, order, bitwise=True)
         T.check(not fails, f"python blas: {what}: bitwise equal to dsv4cp run",
                 f"{'; '.join(fails)} kernels {info.get('core')} (CLI: {info.get('target')}, switched {info.get('switched')})")
+        T.check(cli_fp and info.get("fingerprint") == cli_fp,
+                f"python blas: {what}: the binding's BLAS fingerprint is the program's",
+                f"{info.get('fingerprint')} against {cli_fp}")
         if order == "numpy-prescott":
             T.check(info.get("core_at_import", "").lower() == "prescott" and info.get("switched"),
                     "python blas: the foreign kernels were seen and switched", json.dumps(info))

@@ -153,8 +153,9 @@ _match_blas()
 def blas_info():
     """{'target': core the dsv4cp program uses, 'core': core OpenBLAS runs now, 'core_at_import',
     'switched': whether dsv4cp re-selected the kernels, 'loaded_before': whether OpenBLAS was
-    loaded before dsv4cp}."""
-    return dict(_blas)
+    loaded before dsv4cp, 'fingerprint': how this process's BLAS rounds (dsv4_blas_fingerprint, 16
+    hex digits: `dsv4cp info` prints the program's; every rank of a CP job must have the same)}."""
+    return dict(_blas, fingerprint=f"{lib.dsv4_blas_fingerprint():016x}")
 
 
 # ---- prototypes (include/dsv4cp.h, include/dsv4cp_mpi.h) -------------------------------------
@@ -196,6 +197,7 @@ _PROTOS = {
     "dsv4_cp_patch": (_I, [_P, _P, P_CPCONFIG]),
     "dsv4_cp_allreduce_grads": (_I, [_P, _P]),
     "dsv4_cp_shard_rows": (_I, [P_PACKING, P_CPCONFIG, _I, _I, POINTER(c_int64), POINTER(c_int64)]),
+    "dsv4_blas_fingerprint": (c_uint64, []),
 }
 for _name, (_res, _args) in _PROTOS.items():
     _f = getattr(lib, _name)
