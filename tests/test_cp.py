@@ -298,6 +298,14 @@ def test_agreement(build):
                 f"exit {rc}, {time.time() - t0:.1f} s {err.strip()[-200:]}")
 
 
+def mpmd(exe, fams, args):
+    """One mpirun with a process per kernel family, each given OPENBLAS_CORETYPE=family."""
+    cmd = ["mpirun", "--quiet", "--oversubscribe", "--allow-run-as-root"]
+    for i, fam in enumerate(fams):
+        cmd += ([":"] if i else []) + ["-np", "1", "-x", f"OPENBLAS_CORETYPE={fam}", exe] + args
+    return cmd
+
+
 def test_mixed_blas(build):
     """Ranks whose OpenBLAS kernels round differently (OPENBLAS_CORETYPE differs between them) would
     give results within tolerance of CP = 1 but not its bits, top-k ids included: the agreement check
@@ -309,11 +317,8 @@ def test_mixed_blas(build):
     args = ["run", "--preset", "tiny", "--layer", "1", "--seq", "96", "--quiet",
             "--output", os.path.join(T.golden_dir(build), "mixed_blas.safetensors")]
     for fams in (("Prescott", "Prescott"), ("Prescott", "Nehalem"), ("Nehalem", "Nehalem", "Prescott")):
-        cmd = ["mpirun", "--quiet", "--oversubscribe", "--allow-run-as-root"]
-        for i, fam in enumerate(fams):
-            cmd += ([":"] if i else []) + ["-np", "1", "-x", f"OPENBLAS_CORETYPE={fam}", exe] + args
         t0 = time.time()
-        rc, out, err = T.run(cmd, timeout=2 * FAIL_SECONDS)
+        rc, out, err = T.run(mpmd(exe, fams, args), timeout=2 * FAIL_SECONDS)
         label = f"cp mixed kernels {'/'.join(fams)}"
         if len(set(fams)) == 1:
             T.check(rc == 0, f"{label}: the same family on every rank runs", err.strip()[-200:])
@@ -327,10 +332,7 @@ def test_mixed_blas(build):
                 f"{label}: the message names both families and ranks", lines[0][:200] if lines else "")
     # `dsv4cp info` before a job: the fingerprint on one rank, and under mpirun whether the ranks share it
     for fams in (("Prescott", "Prescott"), ("Prescott", "Nehalem", "Prescott")):
-        cmd = ["mpirun", "--quiet", "--oversubscribe", "--allow-run-as-root"]
-        for i, fam in enumerate(fams):
-            cmd += ([":"] if i else []) + ["-np", "1", "-x", f"OPENBLAS_CORETYPE={fam}", exe, "info"]
-        rc, out, err = T.run(cmd, timeout=2 * FAIL_SECONDS)
+        rc, out, err = T.run(mpmd(exe, fams, ["info"]), timeout=2 * FAIL_SECONDS)
         line = next((l for l in out.splitlines() if l.startswith("BLAS fingerprint:")), "")
         want = ("on every rank",) if len(set(fams)) == 1 else ("the ranks differ", "rank 0 'Prescott'", "rank 1 'Nehalem'")
         T.check(rc == 0 and all(w in line for w in want) and "rank 2" not in line,

@@ -55,10 +55,10 @@ static int blas_agreement(cli_ctx *c, const char *core) {
     for (int q = 1; q < c->size; q++) same &= all[q].fp == all[0].fp;
     if (same) {
       cli_say(c, "BLAS fingerprint: %016llx on every rank (the ranks round alike)\n",
-             (unsigned long long)all[0].fp);
+              (unsigned long long)all[0].fp);
     } else {
       cli_say(c, "BLAS fingerprint: the ranks differ, so a CP job over them stops at its first forward: "
-             "rank 0 '%s' %016llx", all[0].name, (unsigned long long)all[0].fp);
+              "rank 0 '%s' %016llx", all[0].name, (unsigned long long)all[0].fp);
       for (int q = 1; q < c->size; q++) {
         int seen = all[q].fp == all[0].fp;
         for (int p = 1; p < q && !seen; p++) seen = all[p].fp == all[q].fp;

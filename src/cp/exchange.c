@@ -57,9 +57,9 @@ static void blas_disagreement(dsv4_comm *c, int64_t mine, char *which, size_t ca
   struct {
     int64_t fp;
     char name[40];
-  } first = {mine, {0}}, other = {0, {0}};
+  } first = {mine, {0}}, other;
   snprintf(first.name, sizeof first.name, "%s", dsv4_blas_kernels());
-  memcpy(&other, &first, sizeof other);
+  other = first; /* this rank's, until rank q's arrives */
   int64_t q = c->size;
   if (dsv4_comm_bcast(c, &first, sizeof first, 0) == DSV4_OK) {
     q = mine != first.fp ? c->rank : c->size;

@@ -67,9 +67,8 @@ dsv4_status dsv4_rows_nn(float *Y, int64_t ldy, const float *X, int64_t ldx, con
  * (the layer's public calls release it on return). */
 void dsv4_panel_scratch_release(void);
 
-/* dsv4_blas_probe_invariance is public (dsv4cp.h). */
-
-/* dsv4_blas_fingerprint (what the CP agreement compares) is public too (dsv4cp.h). */
+/* dsv4_blas_probe_invariance and dsv4_blas_fingerprint (what the CP agreement compares) are public
+ * (dsv4cp.h). */
 
 /* The kernel family OpenBLAS runs (openblas_get_corename), for messages. */
 const char *dsv4_blas_kernels(void);
