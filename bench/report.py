@@ -180,6 +180,16 @@ def long_table(longs):
                   "   the layer's first allocation; planned = dsv4cp plan --recompute's total for that rank)", ""]
 
 
+def work_note(*rows):
+    """The spreads again in work at each rank's own speed (busy time times the reference sgemm its core
+    ran), when the ranks' cores differ in speed: the code's imbalance without the machine's."""
+    if not all(r.get("work_spread", 0) > 0 for r in rows) or max(r.get("core_spread", 1) for r in rows) <= 1.03:
+        return ""
+    works = ", ".join(f"{r['work_spread']:.3f}" for r in rows)
+    return (f" (the cores' sgemm differ by up to {max(r['core_spread'] for r in rows):.3f}x; in work at each "
+            f"rank's own speed: {works})")
+
+
 def targets(res, peers, longs=()):
     """The issue's targets, each with the figure it was judged on."""
     t = ["targets:"]
@@ -218,7 +228,7 @@ def targets(res, peers, longs=()):
                 z = find(res, ratio, seq, 2, "zigzag")
                 if z:
                     t.append(f"  [info] {KINDS[ratio]} S={seq} per-rank busy-time spread (max/min): contiguous "
-                             f"{r2['busy_spread']:.3f}, zigzag {z['busy_spread']:.3f}")
+                             f"{r2['busy_spread']:.3f}, zigzag {z['busy_spread']:.3f}{work_note(r2, z)}")
     for ratio in KINDS:
         for seq in sorted({r["seq"] for r in res}):
             d, rc = find(res, ratio, seq, 1), find(res, ratio, seq, 1, recompute=True)

@@ -40,6 +40,14 @@ def main():
     multi = [r for r in recs if r["ranks"] > 1]
     T.check(multi and all(r["bytes_match_plan"] is True for r in multi), "bench smoke: measured bytes == plan",
             str([r["bytes_match_plan"] for r in multi]))
+    def work_ok(r):  # the spread in work at each rank's own speed, from the per-rank records
+        w = [q["busy_s"] * q["sgemm_gflops"] for q in r["per_rank"]]
+        g = [q["sgemm_gflops"] for q in r["per_rank"]]
+        return (min(g) > 0 and abs(r["work_spread"] - max(w) / min(w)) < 1e-2 * r["work_spread"] and
+                abs(r["core_spread"] - max(g) / min(g)) < 1e-2 * r["core_spread"])
+    T.check(multi and all(work_ok(r) for r in multi),
+            "bench smoke: each rank's own reference sgemm, and the spreads of the cores and of busy time x core speed",
+            str([(r.get("core_spread"), r.get("work_spread")) for r in multi]))
     T.check(recs and all(r["saved_bytes_match_plan"] is True for r in recs),
             "bench smoke: bytes saved for the backward == plan (every rank, with and without recomputation)",
             str([r["saved_bytes_match_plan"] for r in recs]))

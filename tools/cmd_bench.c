@@ -230,6 +230,18 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
     planned_ok &= all[r].planned;
     saved_planned &= all[r].saved_planned;
   }
+  /* The ranks' cores need not be equally fast (a virtual machine's vCPUs can differ by a few
+   * percent: docs/perf.md), and a busy spread mixes that with the code's own imbalance. Each rank's
+   * reference sgemm ran on its own core, so busy time times that rate is the rank's work with a
+   * steadily slower core taken out (not a neighbour that slows one core for part of the run). */
+  double core_max = 0, core_min = INFINITY, work_max = 0, work_min = INFINITY;
+  for (int r = 0; r < c->size; r++) {
+    const double w = all[r].busy * all[r].sgemm;
+    core_min = fmin(core_min, all[r].sgemm), core_max = fmax(core_max, all[r].sgemm);
+    work_max = fmax(work_max, w), work_min = fmin(work_min, w);
+  }
+  const double core_spread = core_min > 0 ? core_max / core_min : NAN;
+  const double work_spread = work_min > 0 ? work_max / work_min : NAN;
   dsv4_flops f = DSV4_FLOPS_INIT;
   range_flops(j, &f.fwd, &f.bwd);
   const double gflops = (f.fwd + f.bwd) / (fwd + bwd) / 1e9, spread = busy_min > 0 ? busy_max / busy_min : NAN;
@@ -254,19 +266,20 @@ static void report(cli_ctx *c, const job *j, const char *split, int reps, const 
   fprintf(fj, "{\"layers\": \"%s\", \"preset\": \"%s\", \"ratio\": %d, \"seq\": %lld, \"ranks\": %d, \"split\": \"%s\", \"threads\": %d, \"reps\": %d, "
               "\"fwd_s\": %.6f, \"bwd_s\": %.6f, \"tokens_per_s\": %.3f, \"gflop_fwd\": %.3f, \"gflop_bwd\": %.3f, "
               "\"gflops\": %.3f, \"sgemm_gflops_per_rank\": %.3f, \"fraction_of_sgemm\": %.4f, "
-              "\"peak_rss_mb\": %.1f, \"saved_activation_mb\": %.1f, \"busy_spread\": %.4f, "
-              "\"allgather_blocking_s\": %.6f, \"allgather_hidden_fraction\": %.4f, \"bytes_match_plan\": %s, "
-              "\"saved_bytes_match_plan\": %s, \"recompute\": %s, \"packing\": \"%s\", \"planned_mb\": %.1f, "
-              "\"rss_base_mb\": %.1f, \"rss_above_base_mb\": %.1f, \"blas_kernels\": \"%s\", \"per_rank\": [",
+              "\"peak_rss_mb\": %.1f, \"saved_activation_mb\": %.1f, \"busy_spread\": %.4f, \"core_spread\": %.4f, "
+              "\"work_spread\": %.4f, \"allgather_blocking_s\": %.6f, \"allgather_hidden_fraction\": %.4f, "
+              "\"bytes_match_plan\": %s, \"saved_bytes_match_plan\": %s, \"recompute\": %s, \"packing\": \"%s\", "
+              "\"planned_mb\": %.1f, \"rss_base_mb\": %.1f, \"rss_above_base_mb\": %.1f, \"blas_kernels\": \"%s\", \"per_rank\": [",
           range, j->cfg.v41 ? "v41" : "v4", j->ratio, (long long)j->T, c->size, split, omp_get_max_threads(), reps, fwd, bwd, (double)j->T / (fwd + bwd),
           f.fwd / 1e9, f.bwd / 1e9, gflops, gemm / c->size, tm->fraction, rss, sv, isnan(spread) ? 0 : spread,
+          isnan(core_spread) ? 0 : core_spread, isnan(work_spread) ? 0 : work_spread,
           blocking, isnan(hidden) ? -1.0 : hidden, c->size == 1 ? "null" : planned_ok ? "true" : "false",
           saved_planned ? "true" : "false", j->recompute ? "true" : "false", packing, planned, base, rss_above_base,
           openblas_get_corename());
   for (int r = 0; r < c->size; r++) {
-    fprintf(fj, "%s{\"rank\": %d, \"fwd_s\": %.6f, \"bwd_s\": %.6f, \"busy_s\": %.6f, \"peak_rss_mb\": %.1f, "
-                "\"saved_activation_mb\": %.1f, \"messages\": {",
-            r ? ", " : "", r, all[r].fwd, all[r].bwd, all[r].busy, all[r].rss_mb, all[r].saved_mb);
+    fprintf(fj, "%s{\"rank\": %d, \"fwd_s\": %.6f, \"bwd_s\": %.6f, \"busy_s\": %.6f, \"sgemm_gflops\": %.3f, "
+                "\"peak_rss_mb\": %.1f, \"saved_activation_mb\": %.1f, \"messages\": {",
+            r ? ", " : "", r, all[r].fwd, all[r].bwd, all[r].busy, all[r].sgemm, all[r].rss_mb, all[r].saved_mb);
     for (int m = 0; m < DSV4_MSG_KINDS; m++)
       fprintf(fj, "%s\"%s\": {\"bytes_sent\": %.0f, \"bytes_recv\": %.0f, \"wait_s\": %.6f}", m ? ", " : "",
               dsv4_msg_kind_name((dsv4_msg_kind)m), (double)all[r].st.bytes_sent[m] / reps,
