@@ -505,6 +505,14 @@ DSV4_API dsv4_status dsv4_cp_plan_memory(const dsv4_config *cfg, int layer, cons
 DSV4_API dsv4_status dsv4_cp_shard_rows(const dsv4_packing *pk, const dsv4_cp_config *cfg, int rank, int size,
                                int64_t *rows, int64_t *n);
 
+/* dsv4_layer_flops for the rows rank `rank` of `size` holds under cp's split (cp may be NULL:
+ * DSV4_CP_CONFIG_INIT's values): each token's terms on the rank that holds it, a compressed entry's
+ * key projection (V4.1 kv sources) on the rank that holds its last token. The ranks' counts add up
+ * to the layer's; their spread is how evenly the split shares the work (CSA under zigzag: the
+ * queries past position 4 index_topk attend to a full top-k, so the middle chunks weigh more). */
+DSV4_API dsv4_status dsv4_cp_plan_flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                        const dsv4_cp_config *cp, int rank, int size, dsv4_flops *f);
+
 /* Gives the core a communicator and a split: its forward and backward (and the layer's) then take
  * this rank's shard and return its shard of the CP = 1 result, with the same stages (one rank is
  * CP over a one-rank communicator). The core keeps its weights; comm must outlive the core; cfg

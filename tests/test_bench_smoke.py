@@ -79,6 +79,14 @@ def main():
     except (OSError, ValueError, KeyError) as ex:
         ok, mems = False, str(ex)
     T.check(ok, "plan --json: every rank of every layer kind, memory parts adding up to the total")
+    try:  # contiguous at 1M tokens: CSA's indexer and HCA's attention grow with the position, SWA's do not
+        bal = {l["ratio"]: [r["flops"]["fwd"] + r["flops"]["bwd"] for r in l["per_rank"]] for l in plan["layers"]}
+        skew = {k: max(v) / (sum(v) / len(v)) for k, v in bal.items()}
+        ok = o.count("work per rank") == 3 and skew[4] > 1.5 and skew[128] > 1.5 and skew[0] < 1.01
+    except (NameError, TypeError, ValueError, KeyError, ZeroDivisionError) as ex:
+        ok, skew = False, str(ex)
+    T.check(ok, "plan: each rank's work (the FLOP formula over its rows), contiguous at 1M tokens on 64 ranks: max / "
+            f"mean {skew}")
 
     return T.finish()
 

@@ -1,7 +1,8 @@
 /* cmd_plan.c: `dsv4cp plan`: cluster sizing from the formulas of docs/cp.md evaluated on the actual
  * layouts, for one layer of each kind (or --layer): bytes each rank sends and receives per message
  * kind in one forward + backward (min / mean / max over ranks, what the benchmark measures
- * exactly), and what a rank holds in memory (weights, gradients, saved activations with their
+ * exactly), the work its rows give it (dsv4_cp_plan_flops: how evenly the split shares it), and
+ * what a rank holds in memory (weights, gradients, saved activations with their
  * replicated compressed part, transient buffers, the caller's inputs and outputs). --json writes
  * every rank's numbers; --memory-budget answers the longest sequence that fits. Runs on one process
  * for any number of ranks. */
@@ -24,6 +25,18 @@ static const char *fmt_bytes(double b, char *buf, size_t cap) {
 }
 
 /* "80G", "141GiB", "512M", "1T", plain bytes: powers of 1024. Returns 0 on a bad value. */
+/* min / mean / max FLOPs in the unit that keeps the largest under 1000 (GFLOP and up: a layer's
+ * work), and max / mean. */
+static const char *fmt_flops3(double lo, double sum, double hi, int n, char *buf, size_t cap) {
+  static const char *unit[] = {"GFLOP", "TFLOP", "PFLOP", "EFLOP"};
+  double s = 1e9;
+  int u = 0;
+  for (; hi / s >= 1000 && u < 3; u++) s *= 1000;
+  snprintf(buf, cap, "%.3g / %.3g / %.3g %s, max / mean %.3f", lo / s, sum / n / s, hi / s, unit[u],
+           sum > 0 ? hi / (sum / n) : 1.0);
+  return buf;
+}
+
 static uint64_t parse_size(const char *s) {
   char *end = NULL;
   const double v = strtod(s, &end);
@@ -110,7 +123,7 @@ static dsv4_status longest_fit(const plan_run *pr, int layer, uint64_t budget, i
 }
 
 static void json_layer(const plan_run *pr, int layer, int r, const dsv4_cp_stats *st, const dsv4_memory_plan *mem,
-                       int first) {
+                       const dsv4_flops *fl, int first) {
   FILE *f = pr->json;
   fprintf(f, "%s{\"layer\": %d, \"ratio\": %d, \"kind\": \"%s\", \"per_rank\": [", first ? "" : ", ", layer, r,
           kind_name(pr->cfg, layer));
@@ -125,8 +138,9 @@ static void json_layer(const plan_run *pr, int layer, int r, const dsv4_cp_stats
     const dsv4_memory_plan *m = &mem[q];
     fprintf(f, "}, \"memory\": {\"weights\": %" PRIu64 ", \"grads\": %" PRIu64 ", \"saved\": %" PRIu64
                ", \"replicated\": %" PRIu64 ", \"shared\": %" PRIu64 ", \"transient\": %" PRIu64 ", \"io\": %" PRIu64
-               ", \"total\": %" PRIu64 "}}",
-            m->weights, m->grads, m->saved, m->replicated, m->shared, m->transient, m->io, m->total);
+               ", \"total\": %" PRIu64 "}, \"flops\": {\"fwd\": %.0f, \"bwd\": %.0f, \"attention\": %.0f}}",
+            m->weights, m->grads, m->saved, m->replicated, m->shared, m->transient, m->io, m->total, fl[q].fwd,
+            fl[q].bwd, fl[q].attention_fwd + fl[q].attention_bwd);
   }
   fprintf(f, "]");
 }
@@ -137,16 +151,19 @@ static int plan_layer(cli_ctx *c, const plan_run *pr, int layer, const dsv4_pack
   const int N = pr->N, r = dsv4_config_ratio(pr->cfg, layer);
   dsv4_cp_stats *st = calloc((size_t)N, sizeof *st);
   dsv4_memory_plan *mem = calloc((size_t)N, sizeof *mem);
+  dsv4_flops *fl = calloc((size_t)N, sizeof *fl);
   char a[16], b[16], e[16], f[16], g[16], h[16];
-  if (!st || !mem) {
-    free(st), free(mem);
+  if (!st || !mem || !fl) {
+    free(st), free(mem), free(fl);
     return cli_lib(c, DSV4_ERR_NOMEM);
   }
   for (int q = 0; q < N; q++) st[q] = (dsv4_cp_stats)DSV4_CP_STATS_INIT, mem[q] = (dsv4_memory_plan)DSV4_MEMORY_PLAN_INIT;
   int bad = cli_lib(c, dsv4_cp_plan_traffic_all_opts(pr->cfg, layer, pk, &pr->cp, &pr->opts, N, st));
   int worst = 0;
   for (int q = 0; q < N && !bad; q++) {
-    bad = cli_lib(c, dsv4_cp_plan_memory(pr->cfg, layer, pk, &pr->cp, &pr->opts, q, N, &mem[q]));
+    fl[q] = (dsv4_flops)DSV4_FLOPS_INIT;
+    bad = cli_lib(c, dsv4_cp_plan_flops(pr->cfg, layer, pk, &pr->cp, q, N, &fl[q]));
+    if (!bad) bad = cli_lib(c, dsv4_cp_plan_memory(pr->cfg, layer, pk, &pr->cp, &pr->opts, q, N, &mem[q]));
     if (!bad && mem[q].total > mem[worst].total) worst = q;
   }
   if (bad) goto done;
@@ -175,6 +192,17 @@ static int plan_layer(cli_ctx *c, const plan_run *pr, int layer, const dsv4_pack
       printf("  %-20s %34s  %34s  %9.1f\n", dsv4_msg_kind_name((dsv4_msg_kind)k), sent, recv, msum / N);
     }
   }
+  if (N > 1) { /* the FLOP formula over each rank's rows: how evenly the split shares the work */
+    double fmin_ = 1e300, fmax_ = 0, fsum = 0, amin = 1e300, amax = 0, asum = 0;
+    for (int q = 0; q < N; q++) {
+      const double w = fl[q].fwd + fl[q].bwd, at = fl[q].attention_fwd + fl[q].attention_bwd;
+      fmin_ = w < fmin_ ? w : fmin_, fmax_ = w > fmax_ ? w : fmax_, fsum += w;
+      amin = at < amin ? at : amin, amax = at > amax ? at : amax, asum += at;
+    }
+    char wk[80], at[80];
+    printf("  work per rank (FLOP formula): %s; attention %s\n", fmt_flops3(fmin_, fsum, fmax_, N, wk, sizeof wk),
+           fmt_flops3(amin, asum, amax, N, at, sizeof at));
+  }
   const dsv4_memory_plan *m = &mem[worst];
   if (pr->cfg->v41)
     printf("  memory (rank %d, the largest): weights %s + gradients %s + saved activations %s\n", worst,
@@ -199,13 +227,14 @@ static int plan_layer(cli_ctx *c, const plan_run *pr, int layer, const dsv4_pack
            (long long)fit, fit == 0 ? " (even the smallest does not fit)" : "");
   }
   if (pr->json) {
-    json_layer(pr, layer, r, st, mem, first);
+    json_layer(pr, layer, r, st, mem, fl, first);
     if (budget) fprintf(pr->json, ", \"memory_budget\": %" PRIu64 ", \"longest_fit_tokens\": %lld", budget, (long long)fit);
     fprintf(pr->json, "}");
   }
 done:
   free(st);
   free(mem);
+  free(fl);
   return bad;
 }
 
@@ -216,8 +245,9 @@ int cmd_plan(cli_ctx *c, int argc, char **argv) {
       "                   [--split contiguous|zigzag] [--recompute] [--threads T] [--json FILE] [--memory-budget SIZE]\n"
       "\n"
       "Sizes a cluster for one layer of each kind in the config (or --layer): per rank, the bytes sent and\n"
-      "received per message kind in one forward + backward with CP = N (min / mean / max over ranks), and\n"
-      "the memory of the largest rank: weights, gradients, saved activations (and their replicated\n"
+      "received per message kind in one forward + backward with CP = N (min / mean / max over ranks), the\n"
+      "work each rank's rows give it (the FLOP formula of docs/perf.md; max / mean is how evenly the split\n"
+      "shares it), and the memory of the largest rank: weights, gradients, saved activations (and their replicated\n"
       "compressed part, which grows with the sequence, not with the shard), transient buffers and the\n"
       "caller's inputs/outputs. Formulas of docs/cp.md on the actual layout; one process, any N.\n"
       "--layers A-B plans every layer of a (V4.1 source) group and their sum: activations and shared\n"

@@ -14,12 +14,26 @@
  * V4.1 (docs/spec.md section 10): the compressor (2 d D, and 2 d D more for the r = 2 gate) and
  * the indexer keys (2 D Di per compressed entry, weight gradient only in the backward) belong to
  * the kv source; indexer projections 2 (dq Hi Di + d Hi) and scoring to index sources; every
- * compressed layer attends to nc = min(index_topk, nv) entries. */
+ * compressed layer attends to nc = min(index_topk, nv) entries.
+ * Per rank (dsv4_cp_plan_flops): a token's terms go to the rank that holds it, a compressed entry's
+ * key projection to the rank that holds its last token, so the ranks' counts add up to the layer's. */
+#include <stdlib.h>
+
 #include "plan/docs.h"
+#include "plan/shard.h"
 #include "util/abi.h"
 #include "util/err.h"
 
-static dsv4_status flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, dsv4_flops *f) {
+/* Whether global token g is in the sorted segments (segs == NULL: every token is). */
+static int held(const dsv4_range *segs, int n_seg, int64_t g) {
+  if (!segs) return 1;
+  for (int s = 0; s < n_seg; s++)
+    if (g >= segs[s].g0 && g < segs[s].g0 + segs[s].len) return 1;
+  return 0;
+}
+
+static dsv4_status flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_range *segs, int n_seg,
+                         dsv4_flops *f) {
   dsv4_status rc = DSV4_OK;
   dsv4_docs docs = {0};
   DSV4_CHECK(cfg && pk && f, DSV4_ERR_ARG, "flops: NULL argument");
@@ -36,10 +50,12 @@ static dsv4_status flops(const dsv4_config *cfg, int layer, const dsv4_packing *
   const double comp_v41 = in.role == DSV4_ROLE_FULL ? 2 * d * D * (r == 2 ? 2 : 1) : 0; /* wkv, wgate (r = 2) */
   const double comp = v41 ? comp_v41 : r > 0 ? 2 * 2 * d * c * D : 0;
   const double idx_proj = selects ? 2 * (dq * Hi * Di + d * Hi + (v41 ? 0 : 2 * d * 2 * Di)) : 0;
-  const double key_proj = v41 && in.role == DSV4_ROLE_FULL ? 2 * D * Di * (double)docs.cu_cmp[docs.n_docs] : 0;
-  double keys = 0, vis = 0, sel = 0, tokens = 0;
+  const double key_proj_each = v41 && in.role == DSV4_ROLE_FULL ? 2 * D * Di : 0;
+  double keys = 0, vis = 0, sel = 0, tokens = 0, entries = 0;
   for (int i = 0; i < docs.n_docs; i++)
     for (int64_t t = 0; t < docs.real[i]; t++) {
+      if (r > 0 && (t + 1) % r == 0 && held(segs, n_seg, docs.cu[i] + t)) entries += 1; /* an entry ends at t */
+      if (!held(segs, n_seg, docs.cu[i] + t)) continue;
       const int64_t nw = (t < cfg->window - 1 ? t : cfg->window - 1) + 1;
       const int64_t nv = r > 0 ? (t + 1) / r : 0;
       const int64_t nc = sparse ? (nv < cfg->index_topk ? nv : cfg->index_topk) : nv;
@@ -50,6 +66,7 @@ static dsv4_status flops(const dsv4_config *cfg, int layer, const dsv4_packing *
     }
   *f = (dsv4_flops){0};
   f->tokens = tokens;
+  const double key_proj = key_proj_each * entries;
   f->projections_fwd = tokens * (proj + comp + idx_proj) + key_proj;
   f->attention_fwd = 4 * H * D * keys;
   f->indexer_fwd = 2 * Hi * Di * vis;
@@ -71,8 +88,32 @@ dsv4_status dsv4_layer_flops(const dsv4_config *cfg, int layer, const dsv4_packi
   DSV4_TRY(dsv4_config_in(&c, cfg));
   DSV4_TRY(DSV4_STRUCT_IN(&p, pk, dsv4_packing, NULL));
   DSV4_TRY(DSV4_STRUCT_CHECK(out, dsv4_flops));
-  DSV4_TRY(flops(&c, layer, &p, &f));
+  DSV4_TRY(flops(&c, layer, &p, NULL, 0, &f));
   DSV4_TRY(DSV4_STRUCT_OUT(out, &f, dsv4_flops));
 fail:
+  return rc;
+}
+
+dsv4_status dsv4_cp_plan_flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_cp_config *cp,
+                               int rank, int size, dsv4_flops *out) {
+  static const dsv4_cp_config cp_defaults = DSV4_CP_CONFIG_INIT;
+  dsv4_status rc = DSV4_OK;
+  dsv4_config c;
+  dsv4_packing p;
+  dsv4_cp_config k = cp_defaults;
+  dsv4_flops f;
+  dsv4_range *segs = NULL;
+  int n_seg = 0;
+  DSV4_CHECK(cfg && pk && out, DSV4_ERR_ARG, "plan: NULL argument");
+  DSV4_CHECK(size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "plan: rank %d of %d", rank, size);
+  DSV4_TRY(dsv4_config_in(&c, cfg));
+  DSV4_TRY(DSV4_STRUCT_IN(&p, pk, dsv4_packing, NULL));
+  if (cp) DSV4_TRY(DSV4_STRUCT_IN(&k, cp, dsv4_cp_config, &cp_defaults));
+  DSV4_TRY(DSV4_STRUCT_CHECK(out, dsv4_flops));
+  DSV4_TRY(dsv4_shard_segments(&p, k.split, rank, size, &segs, &n_seg));
+  DSV4_TRY(flops(&c, layer, &p, segs, n_seg, &f));
+  DSV4_TRY(DSV4_STRUCT_OUT(out, &f, dsv4_flops));
+fail:
+  free(segs);
   return rc;
 }

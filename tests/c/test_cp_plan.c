@@ -490,7 +490,104 @@ static void stats_abi(void) {
            "stats ABI: a 0.2.x struct (%zu bytes) gets its 8 kinds at their places and its trailing fields", sizeof old);
 }
 
+/* dsv4_cp_plan_flops: a window count by hand for the rows each split gives a rank; every rank's
+ * counts adding up to dsv4_layer_flops's for random packings, kinds (V4.1 roles too), N and splits;
+ * CSA's zigzag imbalance once top-k saturates; bad ranks refused. */
+static void plan_flops(void) {
+  dsv4_config tiny = DSV4_CONFIG_INIT, t41 = DSV4_CONFIG_INIT;
+  if (!tu_ok(dsv4_config_preset(&tiny, "tiny"), "tiny") || !tu_ok(dsv4_config_preset(&t41, "tiny41"), "tiny41")) return;
+  const double HD4 = 4.0 * tiny.n_heads * tiny.head_dim;
+  const int W = tiny.window;
+  const dsv4_packing one = TU_PACKING(NULL, NULL, 0, 64, 0);
+  for (int zig = 0; zig < 2; zig++) {
+    const dsv4_cp_config cp = {DSV4_HEAD(dsv4_cp_config), .split = zig ? DSV4_SPLIT_ZIGZAG : DSV4_SPLIT_CONTIGUOUS};
+    for (int rank = 0; rank < 2; rank++) {
+      double keys = 0; /* SWA: window keys of the positions the split gives this rank */
+      for (int t = 0; t < 64; t++) {
+        const int chunk = zig ? t / 16 : t / 32, mine = zig ? (chunk == rank || chunk == 3 - rank) : chunk == rank;
+        if (mine) keys += (t < W - 1 ? t : W - 1) + 1;
+      }
+      dsv4_flops f = DSV4_FLOPS_INIT;
+      const int ok = tu_ok(dsv4_cp_plan_flops(&tiny, 0, &one, &cp, rank, 2, &f), "plan flops");
+      tu_check(ok && f.attention_fwd == HD4 * keys && f.tokens == 32,
+               "plan flops: SWA T = 64 N = 2 %s rank %d: %g window keys, 32 tokens (got %g, %g)",
+               zig ? "zigzag" : "contiguous", rank, keys, f.attention_fwd / HD4, f.tokens);
+    }
+  }
+  uint32_t seed = 12345;
+  int sums_ok = 1, cases = 0;
+  for (int it = 0; it < 40; it++) {
+    int32_t cu[40], real[40];
+    const int64_t T = 768;
+    int n = 0;
+    const int batched = it % 5 == 4;
+    cu[0] = 0;
+    while (cu[n] < T && n < 38) { /* documents of 1 - 300 tokens, some with padding */
+      seed = seed * 1103515245u + 12345u;
+      int64_t len = batched ? 192 : 1 + (seed >> 8) % 300;
+      if (cu[n] + len > T) len = T - cu[n];
+      cu[n + 1] = (int32_t)(cu[n] + len);
+      real[n] = (int32_t)(len - (batched ? 0 : (int64_t)((seed >> 20) % 3) % len));
+      n++;
+    }
+    if (cu[n] != T) continue;
+    const dsv4_packing pk = TU_PACKING(cu, real, n, T, batched);
+    const dsv4_config *cfg = it % 2 ? &t41 : &tiny;
+    const int layer = it % 2 ? (int)((unsigned)it / 2 % (unsigned)t41.n_layers) : it / 2 % 3;
+    dsv4_flops whole = DSV4_FLOPS_INIT;
+    if (dsv4_layer_flops(cfg, layer, &pk, &whole) != DSV4_OK) {
+      sums_ok = 0;
+      continue;
+    }
+    static const int Ns[] = {1, 2, 3, 4, 8};
+    for (int ni = 0; ni < 5; ni++)
+      for (int zig = 0; zig < 2; zig++) {
+        const int N = Ns[ni];
+        const dsv4_cp_config cp = {DSV4_HEAD(dsv4_cp_config), .split = zig ? DSV4_SPLIT_ZIGZAG : DSV4_SPLIT_CONTIGUOUS};
+        double sum[8] = {0};
+        for (int q = 0; q < N; q++) {
+          dsv4_flops f = DSV4_FLOPS_INIT;
+          if (dsv4_cp_plan_flops(cfg, layer, &pk, &cp, q, N, &f) != DSV4_OK) {
+            sums_ok = 0;
+            continue;
+          }
+          const double v[8] = {f.fwd, f.bwd, f.projections_fwd, f.attention_fwd, f.indexer_fwd, f.projections_bwd,
+                               f.indexer_bwd, f.tokens};
+          for (int k = 0; k < 8; k++) sum[k] += v[k];
+        }
+        const double w[8] = {whole.fwd, whole.bwd, whole.projections_fwd, whole.attention_fwd, whole.indexer_fwd,
+                             whole.projections_bwd, whole.indexer_bwd, whole.tokens};
+        for (int k = 0; k < 8; k++) sums_ok &= fabs(sum[k] - w[k]) <= 1e-12 * fabs(w[k]);
+        cases++;
+      }
+  }
+  tu_check(sums_ok && cases >= 300, "plan flops: every part of every rank's count adds up to the layer's (%d cases: "
+           "random packings, batches, every kind and V4.1 role, N = 1 - 8, both splits)", cases);
+  /* V4-Flash CSA at 8192 tokens: rank 0 holds positions 0 - 2047 (top-k saturates at 2048) and
+   * 6144 - 8191, rank 1 the middle: 128 + 512 keys per query against 128 + 384 on average */
+  dsv4_config flash = DSV4_CONFIG_INIT;
+  const dsv4_packing lng = TU_PACKING(NULL, NULL, 0, 8192, 0);
+  const dsv4_cp_config zz = {DSV4_HEAD(dsv4_cp_config), .split = DSV4_SPLIT_ZIGZAG};
+  dsv4_flops r0 = DSV4_FLOPS_INIT, r1 = DSV4_FLOPS_INIT;
+  const int ok = tu_ok(dsv4_config_preset(&flash, "flash"), "flash") &&
+                 tu_ok(dsv4_cp_plan_flops(&flash, 2, &lng, &zz, 0, 2, &r0), "csa 0") &&
+                 tu_ok(dsv4_cp_plan_flops(&flash, 2, &lng, &zz, 1, 2, &r1), "csa 1");
+  const double ar = ok ? r1.attention_fwd / r0.attention_fwd : 0, ir = ok ? r1.indexer_fwd / r0.indexer_fwd : 0;
+  tu_check(ar > 1.2 && ar < 1.3 && fabs(ir - 1) < 0.01,
+           "plan flops: V4-Flash CSA 8192 zigzag: the middle chunks attend to more keys (%.4f, about 640 / 512 - "
+           "window ramp), the causal indexer scoring stays balanced (%.4f)", ar, ir);
+  dsv4_flops f = DSV4_FLOPS_INIT;
+  dsv4_status st = dsv4_cp_plan_flops(&tiny, 0, &one, NULL, 2, 2, &f);
+  tu_check(st == DSV4_ERR_ARG && strstr(dsv4_last_error(), "rank 2 of 2"), "plan flops: a rank outside the job is "
+           "refused (%s)", dsv4_last_error());
+  const dsv4_packing odd = TU_PACKING(NULL, NULL, 0, 18, 0);
+  st = dsv4_cp_plan_flops(&tiny, 0, &odd, NULL, 0, 4, &f);
+  tu_check(st == DSV4_ERR_ARG && strstr(dsv4_last_error(), "multiple of 4"),
+           "plan flops: a length the split cannot divide is refused (%s)", dsv4_last_error());
+}
+
 static const tu_test TESTS[] = {
+  {"plan", "flops", plan_flops},
   {"plan", "wgrad-traffic", wgrad_traffic},
   {"plan", "stats-abi", stats_abi},
   {"plan", "keys", plan_keys},
