@@ -24,12 +24,12 @@
 #include "util/abi.h"
 #include "util/err.h"
 
-/* Whether global token g is in the sorted segments (segs == NULL: every token is). */
-static int held(const dsv4_range *segs, int n_seg, int64_t g) {
+/* Whether global token g is in the sorted segments (segs == NULL: every token is); *cur is the
+ * first segment that may still hold g, for tokens asked in increasing order. */
+static int held(const dsv4_range *segs, int n_seg, int *cur, int64_t g) {
   if (!segs) return 1;
-  for (int s = 0; s < n_seg; s++)
-    if (g >= segs[s].g0 && g < segs[s].g0 + segs[s].len) return 1;
-  return 0;
+  while (*cur < n_seg && g >= segs[*cur].g0 + segs[*cur].len) ++*cur;
+  return *cur < n_seg && g >= segs[*cur].g0;
 }
 
 static dsv4_status flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_range *segs, int n_seg,
@@ -52,10 +52,11 @@ static dsv4_status flops(const dsv4_config *cfg, int layer, const dsv4_packing *
   const double idx_proj = selects ? 2 * (dq * Hi * Di + d * Hi + (v41 ? 0 : 2 * d * 2 * Di)) : 0;
   const double key_proj_each = v41 && in.role == DSV4_ROLE_FULL ? 2 * D * Di : 0;
   double keys = 0, vis = 0, sel = 0, tokens = 0, entries = 0;
-  for (int i = 0; i < docs.n_docs; i++)
+  int cur = 0;
+  for (int i = 0; i < docs.n_docs; i++) /* documents in stream order: global tokens increase */
     for (int64_t t = 0; t < docs.real[i]; t++) {
-      if (r > 0 && (t + 1) % r == 0 && held(segs, n_seg, docs.cu[i] + t)) entries += 1; /* an entry ends at t */
-      if (!held(segs, n_seg, docs.cu[i] + t)) continue;
+      if (!held(segs, n_seg, &cur, docs.cu[i] + t)) continue;
+      if (r > 0 && (t + 1) % r == 0) entries += 1; /* an entry ends at t */
       const int64_t nw = (t < cfg->window - 1 ? t : cfg->window - 1) + 1;
       const int64_t nv = r > 0 ? (t + 1) / r : 0;
       const int64_t nc = sparse ? (nv < cfg->index_topk ? nv : cfg->index_topk) : nv;
