@@ -2,10 +2,10 @@
  * layouts, for one layer of each kind (or --layer): bytes each rank sends and receives per message
  * kind in one forward + backward (min / mean / max over ranks, what the benchmark measures
  * exactly), the work its rows give it (dsv4_cp_plan_flops: how evenly the split shares it), and
- * what a rank holds in memory (weights, gradients, saved activations with their
- * replicated compressed part, transient buffers, the caller's inputs and outputs). --json writes
- * every rank's numbers; --memory-budget answers the longest sequence that fits. Runs on one process
- * for any number of ranks. */
+ * what a rank holds in memory (weights, gradients, saved activations with their replicated
+ * compressed part, transient buffers, the caller's inputs and outputs). --json writes every rank's
+ * numbers; --memory-budget answers the longest sequence that fits. Runs on one process for any
+ * number of ranks. */
 #include <ctype.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -24,7 +24,6 @@ static const char *fmt_bytes(double b, char *buf, size_t cap) {
   return buf;
 }
 
-/* "80G", "141GiB", "512M", "1T", plain bytes: powers of 1024. Returns 0 on a bad value. */
 /* min / mean / max FLOPs in the unit that keeps the largest under 1000 (GFLOP and up: a layer's
  * work), and max / mean. */
 static const char *fmt_flops3(double lo, double sum, double hi, int n, char *buf, size_t cap) {
@@ -37,6 +36,7 @@ static const char *fmt_flops3(double lo, double sum, double hi, int n, char *buf
   return buf;
 }
 
+/* "80G", "141GiB", "512M", "1T", plain bytes: powers of 1024. Returns 0 on a bad value. */
 static uint64_t parse_size(const char *s) {
   char *end = NULL;
   const double v = strtod(s, &end);
@@ -247,9 +247,9 @@ int cmd_plan(cli_ctx *c, int argc, char **argv) {
       "Sizes a cluster for one layer of each kind in the config (or --layer): per rank, the bytes sent and\n"
       "received per message kind in one forward + backward with CP = N (min / mean / max over ranks), the\n"
       "work each rank's rows give it (the FLOP formula of docs/perf.md; max / mean is how evenly the split\n"
-      "shares it), and the memory of the largest rank: weights, gradients, saved activations (and their replicated\n"
-      "compressed part, which grows with the sequence, not with the shard), transient buffers and the\n"
-      "caller's inputs/outputs. Formulas of docs/cp.md on the actual layout; one process, any N.\n"
+      "shares it), and the memory of the largest rank: weights, gradients, saved activations (and their\n"
+      "replicated compressed part, which grows with the sequence, not with the shard), transient buffers\n"
+      "and the caller's inputs/outputs. Formulas of docs/cp.md on the actual layout; one process, any N.\n"
       "--layers A-B plans every layer of a (V4.1 source) group and their sum: activations and shared\n"
       "state of every layer live until the backward, transient buffers one layer at a time.";
   const char *config = NULL, *preset = NULL, *seq = NULL, *batch = NULL, *ranks_s = NULL, *layer_s = NULL;
