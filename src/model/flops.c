@@ -105,8 +105,7 @@ dsv4_status dsv4_cp_plan_flops(const dsv4_config *cfg, int layer, const dsv4_pac
   dsv4_flops f;
   dsv4_range *segs = NULL;
   int n_seg = 0;
-  DSV4_CHECK(cfg && pk && out, DSV4_ERR_ARG, "plan: NULL argument");
-  DSV4_CHECK(size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "plan: rank %d of %d", rank, size);
+  DSV4_CHECK(cfg && pk && out, DSV4_ERR_ARG, "plan: NULL argument"); /* rank and size: shard_segments */
   DSV4_TRY(dsv4_config_in(&c, cfg));
   DSV4_TRY(DSV4_STRUCT_IN(&p, pk, dsv4_packing, NULL));
   if (cp) DSV4_TRY(DSV4_STRUCT_IN(&k, cp, dsv4_cp_config, &cp_defaults));
