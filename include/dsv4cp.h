@@ -34,9 +34,9 @@
 
 /* Version of this header and library (dsv4_version() reports the library's at run time). */
 #define DSV4_VERSION_MAJOR 0
-#define DSV4_VERSION_MINOR 3
+#define DSV4_VERSION_MINOR 4
 #define DSV4_VERSION_PATCH 0
-#define DSV4_VERSION_STRING "0.3.0"
+#define DSV4_VERSION_STRING "0.4.0"
 
 /* Exported symbols: the library is built with -fvisibility=hidden, so only what this header and
  * dsv4cp_mpi.h declare is visible to programs linking the shared library. */
@@ -412,9 +412,11 @@ typedef struct {
 #define DSV4_CP_CONFIG_INIT {DSV4_HEAD(dsv4_cp_config), .split = DSV4_SPLIT_CONTIGUOUS, .overlap = 1}
 
 /* Message kinds for accounting (forward and backward; docs/cp.md gives each one's bytes). The
- * last three are the backward's weight gradients, summed over the ranks inside the backward: rows
- * of the weight products moved to the rank that computes a panel or block (and the lists of who
- * holds which rows), their exact sums reduced as int64, and the rounded blocks all-gathered. */
+ * three WGRAD kinds are the backward's weight gradients, summed over the ranks inside the backward:
+ * rows of the weight products moved to the rank that computes a panel or block (and the lists of
+ * who holds which rows), their exact sums reduced as int64, and the rounded blocks all-gathered.
+ * The ATTN_OFFLOAD kinds carry the sparse attention of rows one rank computes for another, whose
+ * work would otherwise be heavier (docs/cp.md "Attention offload"), forward and backward. */
 typedef enum {
   DSV4_MSG_WINDOW_HALO = 0,
   DSV4_MSG_COMPRESSOR_HALO,
@@ -427,11 +429,14 @@ typedef enum {
   DSV4_MSG_WGRAD_ROWS,       /* added in 0.3.0, like the two below */
   DSV4_MSG_WGRAD_SUMS,
   DSV4_MSG_WGRAD_ALLGATHER,
+  DSV4_MSG_ATTN_OFFLOAD,     /* added in 0.4.0, like the one below */
+  DSV4_MSG_ATTN_OFFLOAD_BWD,
   DSV4_MSG_KINDS
 } dsv4_msg_kind;
-/* The kinds of 0.2.x: a dsv4_cp_stats of that size (compiled against 0.2.x headers) is written
- * with its own layout, these kinds only. */
+/* The kinds of 0.2.x and of 0.3.x: a dsv4_cp_stats of either size (compiled against those headers)
+ * is written with its own layout, the kinds it knows only. */
 #define DSV4_MSG_KINDS_0_2 8
+#define DSV4_MSG_KINDS_0_3 11
 
 typedef struct {
   DSV4_STRUCT_HEAD;
@@ -512,6 +517,27 @@ DSV4_API dsv4_status dsv4_cp_shard_rows(const dsv4_packing *pk, const dsv4_cp_co
  * queries past position 4 index_topk attend to a full top-k, so the middle chunks weigh more). */
 DSV4_API dsv4_status dsv4_cp_plan_flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
                                         const dsv4_cp_config *cp, int rank, int size, dsv4_flops *f);
+
+/* The attention rows the fast path moves between ranks for one layer (docs/cp.md, "Attention
+ * offload"): under CSA the late queries of a document attend to more keys than the early ones, so
+ * an equal split of the tokens leaves some ranks more attention work; the heaviest rank's last
+ * rows are computed by the lightest rank (the next heaviest by the next lightest, ...), as many as
+ * halve the pair's difference of estimated work (the FLOP formula, attention weighted 1.25x). For
+ * every rank of `size` (out: [size], the stride its first element's struct_size; cp may be NULL):
+ * its peer (-1: it moves nothing), whether its rows move (heavy = 1) or it computes the peer's, how
+ * many, and the pair's estimated work before the move (heavy, light) and the work that moves.
+ * Results are the same bits with or without the move (DSV4_OFFLOAD=0 in the environment: none). */
+typedef struct {
+  DSV4_STRUCT_HEAD;
+  int peer;
+  int heavy;
+  int64_t rows;
+  double work_heavy, work_light, work_moved;
+} dsv4_cp_offload;
+#define DSV4_CP_OFFLOAD_INIT {DSV4_HEAD(dsv4_cp_offload)}
+
+DSV4_API dsv4_status dsv4_cp_plan_offload(const dsv4_config *cfg, int layer, const dsv4_packing *pk,
+                                          const dsv4_cp_config *cp, int size, dsv4_cp_offload *out);
 
 /* Gives the core a communicator and a split: its forward and backward (and the layer's) then take
  * this rank's shard and return its shard of the CP = 1 result, with the same stages (one rank is

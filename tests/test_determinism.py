@@ -12,7 +12,10 @@ weight products move rows instead of sums between ranks (DSV4_WGRAD_ROWS=always:
 V4-Flash products take at short lengths; these tiny shapes never would), and when a weight block's
 panel products are summed one panel at a time through exact sums in memory (DSV4_WGRAD_GROUP=1:
 what streams of more than 8 panels do) instead of in one pass, and when a recomputed backward adds
-its products chunk by chunk into double sums instead of keeping their rows (DSV4_WGRAD_KEEP=sums)."""
+its products chunk by chunk into double sums instead of keeping their rows (DSV4_WGRAD_KEEP=sums).
+Under CSA the heavier ranks move the attention of their last rows to lighter ones; every CP run
+above does so where the plan says, and on the unpadded packing the moves are checked to happen
+(--stats) and to give the bytes of the same run without them (DSV4_OFFLOAD=0)."""
 import argparse
 import itertools
 import os
@@ -107,6 +110,42 @@ def matrix(build, name, base_args, configs, tmp):
                               f"gradients) byte for byte N=1's", "differ: " + " ".join(diff[:6]))
 
 
+def offload_bytes(err):
+    """Bytes each rank sent in the attention offload's messages (forward, backward), from --stats."""
+    got = {}
+    for line in err.splitlines():
+        f = line.split()
+        if len(f) >= 6 and f[0] in ("attn_offload", "attn_offload_bwd"):
+            got.setdefault(f[0], 0)
+            got[f[0]] += int(f[2])
+    return got.get("attn_offload", 0), got.get("attn_offload_bwd", 0)
+
+
+def offload(build, name, base_args, tmp, one):
+    """The attention rows a heavier rank moves to a lighter one (docs/cp.md, "Attention offload"):
+    they do move (--stats counts their bytes, forward and backward), and the results are the same
+    bytes with the move turned off (DSV4_OFFLOAD=0, which moves none) and as at N = 1."""
+    for n, split in ((2, "zigzag"), (3, "contiguous"), (4, "zigzag")):
+        outs = []
+        for env in ({}, {"DSV4_OFFLOAD": "0"}):
+            out = os.path.join(tmp, f"{name}_off_n{n}_{split}_{len(env)}.st")
+            rc, so, err = T.cli(build, ["run"] + base_args + ["--split", split, "--threads", "1", "--stats", "--output",
+                                                              out], nranks=n, env=env)
+            label = f"{name} N={n} {split}{' DSV4_OFFLOAD=0' if env else ''}"
+            if not T.check(rc == 0, f"offload: {label} runs", err.strip()[-300:]):
+                return
+            fwd, bwd = offload_bytes(so)
+            if env:
+                T.check(fwd == 0 and bwd == 0, f"offload: {label} moves nothing", f"{fwd} + {bwd} bytes")
+            else:
+                T.check(fwd > 0 and bwd > 0, f"offload: {label} moves attention rows ({fwd} B forward, {bwd} B "
+                                             f"backward)")
+            outs.append(st.read(out))
+        diff = same_bytes(outs[0], outs[1]) + (same_bytes(one, outs[0]) if one is not None else ["(no N=1 run)"])
+        T.check(not diff, f"offload: {name} N={n} {split}: with and without the move, and N=1, every tensor the same "
+                          f"bytes", "differ: " + " ".join(diff[:6]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
@@ -124,6 +163,9 @@ def main():
             if name == UNPADDED[0] and not light:  # T = 120: 15-row shards at N = 8
                 configs += [(4, "zigzag"), (8, "contiguous")]
             matrix(a.build, name, T.case_files(d, layer), configs, tmp)
+            if name == UNPADDED[0] and not light:
+                one = os.path.join(tmp, f"{name}_n1_contiguous_t1_r0.st")
+                offload(a.build, name, T.case_files(d, layer), tmp, st.read(one) if os.path.exists(one) else None)
         # V4.1: the forward once for the shapes, then dout.{L} for every layer of the range
         fwd = os.path.join(tmp, "v41_fwd.st")
         rc, _, err = T.cli(a.build, ["run"] + V41 + ["--quiet", "--output", fwd])

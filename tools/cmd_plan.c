@@ -123,7 +123,7 @@ static dsv4_status longest_fit(const plan_run *pr, int layer, uint64_t budget, i
 }
 
 static void json_layer(const plan_run *pr, int layer, int r, const dsv4_cp_stats *st, const dsv4_memory_plan *mem,
-                       const dsv4_flops *fl, int first) {
+                       const dsv4_flops *fl, const dsv4_cp_offload *off, int first) {
   FILE *f = pr->json;
   fprintf(f, "%s{\"layer\": %d, \"ratio\": %d, \"kind\": \"%s\", \"per_rank\": [", first ? "" : ", ", layer, r,
           kind_name(pr->cfg, layer));
@@ -138,11 +138,33 @@ static void json_layer(const plan_run *pr, int layer, int r, const dsv4_cp_stats
     const dsv4_memory_plan *m = &mem[q];
     fprintf(f, "}, \"memory\": {\"weights\": %" PRIu64 ", \"grads\": %" PRIu64 ", \"saved\": %" PRIu64
                ", \"replicated\": %" PRIu64 ", \"shared\": %" PRIu64 ", \"transient\": %" PRIu64 ", \"io\": %" PRIu64
-               ", \"total\": %" PRIu64 "}, \"flops\": {\"fwd\": %.0f, \"bwd\": %.0f, \"attention\": %.0f}}",
+               ", \"total\": %" PRIu64 "}, \"flops\": {\"fwd\": %.0f, \"bwd\": %.0f, \"attention\": %.0f}, "
+               "\"offload\": {\"peer\": %d, \"heavy\": %s, \"rows\": %lld}}",
             m->weights, m->grads, m->saved, m->replicated, m->shared, m->transient, m->io, m->total, fl[q].fwd,
-            fl[q].bwd, fl[q].attention_fwd + fl[q].attention_bwd);
+            fl[q].bwd, fl[q].attention_fwd + fl[q].attention_bwd, off[q].peer, off[q].heavy ? "true" : "false",
+            (long long)off[q].rows);
   }
   fprintf(f, "]");
+}
+
+/* The attention rows the fast path moves (dsv4_cp_plan_offload): pairs, rows, and the pairs'
+ * estimated work ratio (heavy / light) before and after the move. */
+static void print_offload(const dsv4_cp_offload *off, int N) {
+  int pairs = 0;
+  int64_t rows = 0, most = 0;
+  double before = 1, after = 1;
+  for (int q = 0; q < N; q++) {
+    const dsv4_cp_offload *o = &off[q];
+    if (o->peer < 0 || !o->heavy) continue;
+    pairs++, rows += o->rows, most = o->rows > most ? o->rows : most;
+    const double b = o->work_heavy / o->work_light, a = (o->work_heavy - o->work_moved) / (o->work_light + o->work_moved);
+    before = b > before ? b : before;
+    after = (a > 1 ? a : 1 / a) > after ? (a > 1 ? a : 1 / a) : after;
+  }
+  if (!pairs) return;
+  printf("  attention rows moved (fast path): %d pair%s of ranks, %lld rows (at most %lld a pair); the pairs' "
+         "estimated work, heavier / lighter: %.3f before, %.3f after\n", pairs, pairs > 1 ? "s" : "", (long long)rows,
+         (long long)most, before, after);
 }
 
 /* One layer kind: message kinds (min / mean / max over ranks) and memory (the worst rank). */
@@ -152,13 +174,17 @@ static int plan_layer(cli_ctx *c, const plan_run *pr, int layer, const dsv4_pack
   dsv4_cp_stats *st = calloc((size_t)N, sizeof *st);
   dsv4_memory_plan *mem = calloc((size_t)N, sizeof *mem);
   dsv4_flops *fl = calloc((size_t)N, sizeof *fl);
+  dsv4_cp_offload *off = calloc((size_t)N, sizeof *off);
   char a[16], b[16], e[16], f[16], g[16], h[16];
-  if (!st || !mem || !fl) {
-    free(st), free(mem), free(fl);
+  if (!st || !mem || !fl || !off) {
+    free(st), free(mem), free(fl), free(off);
     return cli_lib(c, DSV4_ERR_NOMEM);
   }
-  for (int q = 0; q < N; q++) st[q] = (dsv4_cp_stats)DSV4_CP_STATS_INIT, mem[q] = (dsv4_memory_plan)DSV4_MEMORY_PLAN_INIT;
+  for (int q = 0; q < N; q++)
+    st[q] = (dsv4_cp_stats)DSV4_CP_STATS_INIT, mem[q] = (dsv4_memory_plan)DSV4_MEMORY_PLAN_INIT,
+    off[q] = (dsv4_cp_offload)DSV4_CP_OFFLOAD_INIT;
   int bad = cli_lib(c, dsv4_cp_plan_traffic_all_opts(pr->cfg, layer, pk, &pr->cp, &pr->opts, N, st));
+  if (!bad) bad = cli_lib(c, dsv4_cp_plan_offload(pr->cfg, layer, pk, &pr->cp, N, off));
   int worst = 0;
   for (int q = 0; q < N && !bad; q++) {
     fl[q] = (dsv4_flops)DSV4_FLOPS_INIT;
@@ -202,6 +228,7 @@ static int plan_layer(cli_ctx *c, const plan_run *pr, int layer, const dsv4_pack
     char wk[80], at[80];
     printf("  work per rank (FLOP formula): %s; attention %s\n", fmt_flops3(fmin_, fsum, fmax_, N, wk, sizeof wk),
            fmt_flops3(amin, asum, amax, N, at, sizeof at));
+    print_offload(off, N);
   }
   const dsv4_memory_plan *m = &mem[worst];
   if (pr->cfg->v41)
@@ -227,7 +254,7 @@ static int plan_layer(cli_ctx *c, const plan_run *pr, int layer, const dsv4_pack
            (long long)fit, fit == 0 ? " (even the smallest does not fit)" : "");
   }
   if (pr->json) {
-    json_layer(pr, layer, r, st, mem, fl, first);
+    json_layer(pr, layer, r, st, mem, fl, off, first);
     if (budget) fprintf(pr->json, ", \"memory_budget\": %" PRIu64 ", \"longest_fit_tokens\": %lld", budget, (long long)fit);
     fprintf(pr->json, "}");
   }
@@ -235,6 +262,7 @@ done:
   free(st);
   free(mem);
   free(fl);
+  free(off);
   return bad;
 }
 

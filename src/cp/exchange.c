@@ -91,7 +91,7 @@ dsv4_status dsv4_xfer_agree(dsv4_xfer *x, uint64_t cfg_hash, const dsv4_packing 
   DSV4_TRY(dsv4_comm_allreduce(x->comm, mm, DSV4_AGREE_VALUES, DSV4_RED_I64, DSV4_RED_MAX));
   const uint64_t vol = dsv4_xfer_allreduce_volume(sizeof mm, x->comm->size);
   account(x, DSV4_MSG_META_CHECK, vol, vol, 1, dsv4_xfer_now() - t0);
-  DSV4_CHECK(mm[0] == -mm[1], DSV4_ERR_COMM, "CP ranks disagree on the configuration or the layer");
+  DSV4_CHECK(mm[0] == -mm[1], DSV4_ERR_COMM, "CP ranks disagree on the configuration, the layer or the kernel path (fast / naive)");
   DSV4_CHECK(mm[2] == -mm[3], DSV4_ERR_COMM,
              "CP ranks disagree on the packing meta (T, cu_seqlens, seqlens_real or batching)");
   DSV4_CHECK(mm[4] == -mm[5], DSV4_ERR_COMM,

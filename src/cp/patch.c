@@ -38,28 +38,42 @@ fail:
   return rc;
 }
 
-/* dsv4_cp_stats as 0.2.x laid it out: its arrays had DSV4_MSG_KINDS_0_2 entries. */
-typedef struct {
-  DSV4_STRUCT_HEAD;
-  uint64_t bytes_sent[DSV4_MSG_KINDS_0_2], bytes_recv[DSV4_MSG_KINDS_0_2], messages[DSV4_MSG_KINDS_0_2];
-  double seconds[DSV4_MSG_KINDS_0_2];
-  double hidden_seconds, overlap_window_seconds;
-} stats_0_2;
+/* dsv4_cp_stats as 0.2.x and 0.3.x laid it out: arrays of DSV4_MSG_KINDS_0_2 / _0_3 entries. */
+#define OLD_STATS(K)                                                                                \
+  struct {                                                                                          \
+    DSV4_STRUCT_HEAD;                                                                               \
+    uint64_t bytes_sent[K], bytes_recv[K], messages[K];                                             \
+    double seconds[K];                                                                              \
+    double hidden_seconds, overlap_window_seconds;                                                  \
+  }
+typedef OLD_STATS(DSV4_MSG_KINDS_0_2) stats_0_2;
+typedef OLD_STATS(DSV4_MSG_KINDS_0_3) stats_0_3;
+
+/* The kinds an older layout knows, copied into it. */
+#define COPY_OLD(old, src, K)                                                                       \
+  do {                                                                                              \
+    memcpy((old).bytes_sent, (src)->bytes_sent, sizeof(uint64_t) * (K));                            \
+    memcpy((old).bytes_recv, (src)->bytes_recv, sizeof(uint64_t) * (K));                            \
+    memcpy((old).messages, (src)->messages, sizeof(uint64_t) * (K));                                \
+    memcpy((old).seconds, (src)->seconds, sizeof(double) * (K));                                    \
+    (old).hidden_seconds = (src)->hidden_seconds;                                                   \
+    (old).overlap_window_seconds = (src)->overlap_window_seconds;                                   \
+  } while (0)
 
 dsv4_status dsv4_cp_stats_out(dsv4_cp_stats *dst, const dsv4_cp_stats *src) {
   dsv4_status rc = DSV4_OK;
   DSV4_TRY(DSV4_STRUCT_CHECK(dst, dsv4_cp_stats));
-  if (dst->struct_size != sizeof(stats_0_2)) return DSV4_STRUCT_OUT(dst, src, dsv4_cp_stats);
-  /* a caller built against 0.2.x: its layout, the kinds it knows */
-  stats_0_2 old = {0};
-  const size_t k = sizeof(uint64_t) * DSV4_MSG_KINDS_0_2;
-  memcpy(old.bytes_sent, src->bytes_sent, k);
-  memcpy(old.bytes_recv, src->bytes_recv, k);
-  memcpy(old.messages, src->messages, k);
-  memcpy(old.seconds, src->seconds, sizeof(double) * DSV4_MSG_KINDS_0_2);
-  old.hidden_seconds = src->hidden_seconds;
-  old.overlap_window_seconds = src->overlap_window_seconds;
-  DSV4_TRY(DSV4_STRUCT_OUT(dst, &old, stats_0_2));
+  if (dst->struct_size == sizeof(stats_0_2)) { /* a caller built against 0.2.x */
+    stats_0_2 old = {0};
+    COPY_OLD(old, src, DSV4_MSG_KINDS_0_2);
+    return DSV4_STRUCT_OUT(dst, &old, stats_0_2);
+  }
+  if (dst->struct_size == sizeof(stats_0_3)) { /* against 0.3.x */
+    stats_0_3 old = {0};
+    COPY_OLD(old, src, DSV4_MSG_KINDS_0_3);
+    return DSV4_STRUCT_OUT(dst, &old, stats_0_3);
+  }
+  DSV4_TRY(DSV4_STRUCT_OUT(dst, src, dsv4_cp_stats));
 fail:
   return rc;
 }
@@ -80,6 +94,6 @@ const char *dsv4_msg_kind_name(dsv4_msg_kind k) {
   static const char *const names[DSV4_MSG_KINDS] = {
       "window_halo", "compressor_halo", "slot_allgather", "loss_reduce", "meta_check",
       "window_halo_bwd", "compressor_halo_bwd", "slot_reduce_scatter", "wgrad_rows", "wgrad_sums",
-      "wgrad_allgather"};
+      "wgrad_allgather", "attn_offload", "attn_offload_bwd"};
   return k >= 0 && k < DSV4_MSG_KINDS ? names[k] : "unknown";
 }

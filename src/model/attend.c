@@ -48,9 +48,9 @@ fail:
 }
 
 dsv4_status dsv4_attend_finish(const dsv4_stage_env *e, const dsv4_attn_args *at, const float *m_w,
-                               const float *l_w) {
+                               const float *l_w, void (*progress)(void *), void *ctx) {
   (void)e;
-  return dsv4_sparse_attn_finish(at, m_w, l_w);
+  return dsv4_sparse_attn_finish_progress(at, m_w, l_w, progress, ctx);
 }
 
 dsv4_status dsv4_attend_whole(const dsv4_stage_env *e, const dsv4_attn_args *at) {
@@ -60,13 +60,13 @@ dsv4_status dsv4_attend_whole(const dsv4_stage_env *e, const dsv4_attn_args *at)
 }
 
 dsv4_status dsv4_attend_bwd(const dsv4_stage_env *e, const dsv4_attn_bwd_args *ab, dsv4_xrows *x_ori,
-                            dsv4_xrows *x_cmp) {
+                            dsv4_xrows *x_cmp, void (*progress)(void *), void *ctx) {
   dsv4_status rc = DSV4_OK;
   dsv4_placement places[5];
   places_of(e, ab->fwd.S1, places);
   if (e->impl == DSV4_IMPL_NAIVE || (!x_ori && !x_cmp)) return dsv4_sparse_attn_bwd_dist(ab, e->x->comm->size, places, e->impl);
   DSV4_TRY(dsv4_attn_layout_check(&ab->fwd, e->x->comm->size, places));
-  DSV4_TRY(dsv4_sparse_attn_bwd_into(ab, x_ori, x_cmp));
+  DSV4_TRY(dsv4_sparse_attn_bwd_into_progress(ab, x_ori, x_cmp, progress, ctx));
 fail:
   return rc;
 }

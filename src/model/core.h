@@ -11,6 +11,7 @@
  *   select.c  the indexer's queries and top-k against the global keys, and their backward
  *   attend.c  the sparse attention of a chunk of queries: window phase, compressed phase, backward
  *   loss.c    the KL loss terms of a chunk, the exact reduction over ranks, the KL backward
+ *   offload.c the attention of rows one rank computes for another (plan/offload.h)
  * core_fwd.c and core_bwd.c run them in order for a chunk of rows at a time (the layer recomputes
  * q and o chunk by chunk when asked to), core.c holds the object. */
 #ifndef DSV4_CORE_H
@@ -18,9 +19,11 @@
 
 #include "cp/exchange.h"
 #include "model/arenas.h"
+#include "model/offload.h"
 #include "model/shared.h"
 #include "model/wgrad.h"
 #include "ops/kernels.h"
+#include "plan/offload.h"
 #include "plan/plan.h"
 #include "util/xrows.h"
 
@@ -70,6 +73,7 @@ typedef struct {
   uint64_t sh_gen;
   dsv4_shared_kv *kv_e;      /* V4.1: the kv source's entry */
   dsv4_shared_sel *sel_e;    /* V4.1: this index source's entry */
+  dsv4_offload_run orun;     /* attention rows in flight to or from the offload peer (model/offload.h) */
 } dsv4_core_run;
 
 struct dsv4_core {
@@ -85,12 +89,17 @@ struct dsv4_core {
   dsv4_split split;
   int have_plan;
   dsv4_plan plan;            /* the latest forward's plan, reused while its key repeats */
+  dsv4_offload off;          /* its attention rows moved to or from another rank (plan/offload.h) */
   uint64_t cfg_hash;         /* what the agreement compares */
   uint64_t group_hash;       /* the config without the layer: a V4.1 consumer's must be its source's */
   dsv4_shared *own_shared;   /* a V4.1 kv source's, when the caller gives none */
   dsv4_arena saved, scratch;
   dsv4_core_run run;
 };
+
+/* 1 when this rank's last row call moves attention rows to its offload peer (heavy) or computes the
+ * peer's (light): the fast path only (the ranks agree on the path). */
+static inline int dsv4_core_offloads(const dsv4_core *c) { return c->off.peer >= 0 && c->impl == DSV4_IMPL_FAST; }
 
 /* ---- the per-forward protocol (core_fwd.c, core_bwd.c) -------------------------------------- */
 
@@ -199,17 +208,18 @@ dsv4_status dsv4_select_wgrad(const dsv4_stage_env *e, const float *d_qI, const 
 dsv4_attn_args dsv4_attend_args(const dsv4_stage_env *e, int64_t i0, int64_t n, const float *q, float *o, float *lse,
                                 const float *ori_kv, const float *cmp, const int32_t *topk);
 /* The window phase (m_w, l_w: [n, H] running max and sum), letting pending all-gathers progress;
- * the compressed phase merged with it (teacher, when not NULL: [n, k] the KL teacher); the whole
- * attention in one call (the naive path, and recomputation). */
+ * the compressed phase merged with it (teacher, when not NULL: [n, k] the KL teacher), calling
+ * progress(ctx) between queries when not NULL (moved rows in flight); the whole attention in one
+ * call (the naive path, and recomputation). */
 dsv4_status dsv4_attend_window(const dsv4_stage_env *e, const dsv4_attn_args *at, float *m_w, float *l_w,
                                int progress);
 dsv4_status dsv4_attend_finish(const dsv4_stage_env *e, const dsv4_attn_args *at, const float *m_w,
-                               const float *l_w);
+                               const float *l_w, void (*progress)(void *), void *ctx);
 dsv4_status dsv4_attend_whole(const dsv4_stage_env *e, const dsv4_attn_args *at);
 /* The backward; x_ori / x_cmp (fast path, may be NULL): the key gradients go into these exact sums
- * instead of ab's d_ori_kv / d_cmp_kv. */
+ * instead of ab's d_ori_kv / d_cmp_kv; progress as above (fast path with sums). */
 dsv4_status dsv4_attend_bwd(const dsv4_stage_env *e, const dsv4_attn_bwd_args *ab, dsv4_xrows *x_ori,
-                            dsv4_xrows *x_cmp);
+                            dsv4_xrows *x_cmp, void (*progress)(void *), void *ctx);
 
 /* loss.c. The KL terms of local rows [i0, i0 + n) (kl_rows [n] doubles; *valid += queries with a
  * term); the loss reduced exactly over ranks from every row's term (coeff * sum / n_valid);

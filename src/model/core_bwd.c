@@ -138,6 +138,7 @@ dsv4_status dsv4_core_bwd_finish(dsv4_core *c) {
 }
 
 void dsv4_core_bwd_abort(dsv4_core *c) {
+  dsv4_offload_drain(c);
   free_kept(&c->run);
   dsv4_wsinks_drop(&c->run.sinks);
 }
@@ -171,10 +172,15 @@ dsv4_status dsv4_core_bwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
   DSV4_CHECK(st->valid && st->grads, DSV4_ERR_STATE, "core backward: rows before dsv4_core_bwd_begin");
   DSV4_CHECK(q && o && d_o && dq && i0 >= 0 && n >= 0 && i0 + n <= c->plan.n, DSV4_ERR_ARG,
              "core backward: bad rows [%lld, %lld) or NULL buffers", (long long)i0, (long long)(i0 + n));
+  /* the last call: the moved attention rows go to the offload peer (heavy), or the peer's come here */
+  const int last = i0 + n == c->plan.n && dsv4_core_offloads(c), heavy = last && c->off.heavy;
+  const int64_t own = heavy ? n - c->off.m : n; /* rows whose attention backward this call computes */
+  DSV4_CHECK(own >= 0, DSV4_ERR_STATE, "core backward: the moved attention rows are not in this call's rows");
+  if (heavy) DSV4_TRY(dsv4_offload_bwd_post(c, i0, q, o, d_o, dq));
   const dsv4_attn_bwd_args ab = {
       .dq = dq, .d_ori_kv = st->bs.d_ext, .d_cmp_kv = st->bs.d_cmp, .d_sink = dsv4_w(st->grads, W_SINK),
       .dout = d_o, .out = o, .lse = st->sv.lse + i0 * H, .scores = c->recompute ? st->bs.rc_scores : NULL,
-      .fwd = dsv4_attend_args(&e, i0, n, q, NULL, NULL, ori_kv(c), st->cmp, st->topk)};
+      .fwd = dsv4_attend_args(&e, i0, own, q, NULL, NULL, ori_kv(c), st->cmp, st->topk)};
   dsv4_attn_bwd_args abs = ab;
   abs.fwd.score_stride = st->bs.rc_stride;
   /* the fast path adds the key gradients into the exact sums over all chunks; the naive path into
@@ -182,7 +188,8 @@ dsv4_status dsv4_core_bwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
   dsv4_xrows xo = dsv4_xrows_view(st->bs.x_ext, st->dm.R_kv, st->dm.D, st->dm.nt);
   dsv4_xrows xc = dsv4_xrows_view(st->bs.x_cmp, st->dm.n_cmp, st->dm.D, st->dm.nt);
   const int fast = c->impl != DSV4_IMPL_NAIVE;
-  DSV4_TRY(dsv4_attend_bwd(&e, &abs, fast ? &xo : NULL, fast && c->ratio > 0 ? &xc : NULL));
+  DSV4_TRY(dsv4_attend_bwd(&e, &abs, fast ? &xo : NULL, fast && c->ratio > 0 ? &xc : NULL,
+                           heavy ? dsv4_offload_progress : NULL, c));
   if (st->dm.selects) {
     /* recomputation left this chunk's indexer queries in the chunk-sized buffers */
     const float *qI = c->recompute ? st->bs.qI : st->sv.qI + i0 * Hi * Di;
@@ -196,7 +203,10 @@ dsv4_status dsv4_core_bwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
     DSV4_TRY(dsv4_select_queries_bwd(&e, i0, n, st->bs.d_qI, st->bs.d_wI, st->qr, st->x, st->grads, &st->sinks, kq,
                                      kw));
   }
+  if (heavy) DSV4_TRY(dsv4_offload_bwd_wait(c));
+  if (last && !heavy) DSV4_TRY(dsv4_offload_bwd_serve(c));
 fail:
+  if (rc != DSV4_OK) dsv4_offload_drain(c);
   return rc;
 }
 

@@ -10,6 +10,7 @@
  * V4.1 (docs/spec.md section 10): a kv source's Stage 1 writes the global compressed kv and indexer
  * keys into the forward pass's shared state (model/shared.h), an index source its top-k there; the
  * other layers of the group skip Stage 1 and read them (connect_shared). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "core.h"
@@ -20,18 +21,40 @@ static dsv4_stage_env env_of(dsv4_core *c) {
   return (dsv4_stage_env){&c->cfg, c->w, c->impl, &c->plan, &c->xfer};
 }
 
+/* This rank's part of the attention offload (plan/offload.h), kept with the plan. */
+static dsv4_status plan_offload(dsv4_core *c, const dsv4_packing *pk) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_offload *all = NULL;
+  dsv4_token_cost tc;
+  const int N = c->xfer.comm->size;
+  c->off = (dsv4_offload){.peer = -1};
+  if (N < 2) return DSV4_OK;
+  DSV4_TRY(dsv4_token_cost_of(&c->cfg, c->layer, &tc));
+  DSV4_ALLOC(all, N);
+  DSV4_TRY(dsv4_offload_plan(&tc, &c->plan.docs, pk, c->split, N, all));
+  c->off = all[c->xfer.comm->rank];
+fail:
+  free(all);
+  if (rc != DSV4_OK) c->have_plan = 0, dsv4_plan_free(&c->plan);
+  return rc;
+}
+
 dsv4_status dsv4_core_prepare(dsv4_core *c, const dsv4_packing *pk, int64_t n, const dsv4_plan **plan) {
   dsv4_status rc = DSV4_OK;
   dsv4_plan_key key = {0};
   dsv4_core_forget(c);
   DSV4_CHECK(pk, DSV4_ERR_ARG, "packing meta is NULL");
-  DSV4_TRY(dsv4_xfer_agree(&c->xfer, c->cfg_hash, pk, n, c->split));
+  /* the kernel path is agreed with the configuration: the ranks must run the same products (and
+   * only the fast path moves attention rows between them) */
+  const uint64_t path = c->impl == DSV4_IMPL_FAST ? 0 : 0x9e3779b97f4a7c15ull;
+  DSV4_TRY(dsv4_xfer_agree(&c->xfer, c->cfg_hash ^ path, pk, n, c->split));
   DSV4_TRY(dsv4_plan_key_set(&key, pk, n, c->ratio, c->cfg.window, c->split, c->xfer.comm->rank, c->xfer.comm->size));
   if (!c->have_plan || !dsv4_plan_key_equal(&key, &c->plan.key)) {
     if (c->have_plan) dsv4_plan_free(&c->plan);
     c->have_plan = 0;
     DSV4_TRY(dsv4_plan_build(&c->plan, &c->cfg, &key, DSV4_PLAN_FULL));
     c->have_plan = 1;
+    DSV4_TRY(plan_offload(c, pk));
   }
   if (plan) *plan = &c->plan;
 fail:
@@ -122,6 +145,7 @@ fail:
 
 void dsv4_core_fail(dsv4_core *c) {
   dsv4_core_run *st = &c->run;
+  dsv4_offload_drain(c);
   dsv4_xfer_drain(&c->xfer);
   /* a failed source leaves nothing for its consumers (the shared state is alive: this is the call
    * that connected it) */
@@ -187,8 +211,12 @@ dsv4_status dsv4_core_fwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
   float *qI = NULL, *wI = NULL;
   DSV4_CHECK(q && o && i0 >= 0 && n >= 0 && i0 + n <= c->plan.n, DSV4_ERR_ARG,
              "core forward: bad rows [%lld, %lld)", (long long)i0, (long long)(i0 + n));
+  /* the last call: the moved attention rows go to the offload peer (heavy), or the peer's come here */
+  const int last = i0 + n == c->plan.n && dsv4_core_offloads(c), heavy = last && c->off.heavy;
+  const int64_t own = heavy ? n - c->off.m : n; /* rows whose attention this call computes */
+  DSV4_CHECK(own >= 0, DSV4_ERR_STATE, "core forward: the moved attention rows are not in this call's rows");
   float *lse = st->sv.lse + i0 * H;
-  dsv4_attn_args at = dsv4_attend_args(&e, i0, n, q, o, lse, ori_kv(c), NULL, NULL); /* the window phase's */
+  dsv4_attn_args at = dsv4_attend_args(&e, i0, own, q, o, lse, ori_kv(c), NULL, NULL);
   float *m_w = st->fs.win_state ? st->fs.win_state + i0 * H : NULL, *l_w = m_w ? m_w + c->plan.n * H : NULL;
   if (c->impl == DSV4_IMPL_FAST) DSV4_TRY(dsv4_attend_window(&e, &at, m_w, l_w, !st->stage1_done));
   if (sel) { /* more local work before waiting for the gathers */
@@ -201,12 +229,15 @@ dsv4_status dsv4_core_fwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
     DSV4_TRY(dsv4_select_topk(&e, i0, n, qI, wI, st->KI, st->topk, st->sv.scores, st->cand_in, st->cand_out));
   if (sel && st->topk_out)
     memcpy(st->topk_out + i0 * k, st->topk + i0 * k, sizeof(int32_t) * (size_t)(n * k));
-  at = dsv4_attend_args(&e, i0, n, q, o, lse, ori_kv(c), st->cmp, st->topk);
+  if (heavy) DSV4_TRY(dsv4_offload_fwd_post(c, i0, q, o));
+  at = dsv4_attend_args(&e, i0, own, q, o, lse, ori_kv(c), st->cmp, st->topk);
   at.teacher = st->sv.teacher ? st->sv.teacher + i0 * k : NULL; /* the KL teacher from the attention's logits */
   if (c->impl == DSV4_IMPL_FAST)
-    DSV4_TRY(dsv4_attend_finish(&e, &at, m_w, l_w));
+    DSV4_TRY(dsv4_attend_finish(&e, &at, m_w, l_w, heavy ? dsv4_offload_progress : NULL, c));
   else
     DSV4_TRY(dsv4_attend_whole(&e, &at));
+  if (heavy) DSV4_TRY(dsv4_offload_fwd_wait(c));
+  if (last && !heavy) DSV4_TRY(dsv4_offload_fwd_serve(c));
   if (sel) {
     const dsv4_loss_in in = {.q = q, .cmp = st->cmp, .qI = qI, .wI = wI, .KI = st->KI, .teacher = st->sv.teacher,
                              .scores = st->sv.scores, .topk = st->topk, .kl_rows = st->sv.kl_rows};

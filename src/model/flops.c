@@ -19,7 +19,7 @@
  * key projection to the rank that holds its last token, so the ranks' counts add up to the layer's. */
 #include <stdlib.h>
 
-#include "plan/docs.h"
+#include "model/flops.h"
 #include "plan/shard.h"
 #include "util/abi.h"
 #include "util/err.h"
@@ -32,49 +32,58 @@ static int held(const dsv4_range *segs, int n_seg, int *cur, int64_t g) {
   return *cur < n_seg && g >= segs[*cur].g0;
 }
 
-static dsv4_status flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_range *segs, int n_seg,
-                         dsv4_flops *f) {
+dsv4_status dsv4_token_cost_of(const dsv4_config *cfg, int layer, dsv4_token_cost *c) {
   dsv4_status rc = DSV4_OK;
-  dsv4_docs docs = {0};
-  DSV4_CHECK(cfg && pk && f, DSV4_ERR_ARG, "flops: NULL argument");
   const int r = dsv4_config_ratio(cfg, layer);
   DSV4_CHECK(r >= 0, DSV4_ERR_ARG, "flops: layer %d out of range", layer);
-  DSV4_TRY(dsv4_docs_build(&docs, pk, r));
   const double d = cfg->dim, dq = cfg->q_lora_rank, H = cfg->n_heads, D = cfg->head_dim;
   const double G = cfg->o_groups, Ro = cfg->o_lora_rank, Hi = cfg->index_n_heads, Di = cfg->index_head_dim;
   dsv4_layer_info in = DSV4_LAYER_INFO_INIT;
   DSV4_TRY(dsv4_config_layer(cfg, layer, &in));
-  const int v41 = cfg->v41 != 0, sparse = v41 ? r > 0 : r == 4, selects = in.selects;
-  const double c = r == 4 ? 2 : 1;
+  const int v41 = cfg->v41 != 0;
+  const double cc = r == 4 ? 2 : 1;
   const double proj = 2 * (d * dq + dq * H * D + d * D + H * D * Ro + G * Ro * d);
   const double comp_v41 = in.role == DSV4_ROLE_FULL ? 2 * d * D * (r == 2 ? 2 : 1) : 0; /* wkv, wgate (r = 2) */
-  const double comp = v41 ? comp_v41 : r > 0 ? 2 * 2 * d * c * D : 0;
-  const double idx_proj = selects ? 2 * (dq * Hi * Di + d * Hi + (v41 ? 0 : 2 * d * 2 * Di)) : 0;
-  const double key_proj_each = v41 && in.role == DSV4_ROLE_FULL ? 2 * D * Di : 0;
+  const double comp = v41 ? comp_v41 : r > 0 ? 2 * 2 * d * cc * D : 0;
+  *c = (dsv4_token_cost){.r = r, .W = cfg->window, .topk = cfg->index_topk, .sparse = v41 ? r > 0 : r == 4,
+                         .selects = in.selects, .proj = proj + comp,
+                         .idx_proj = in.selects ? 2 * (dq * Hi * Di + d * Hi + (v41 ? 0 : 2 * d * 2 * Di)) : 0,
+                         .key_proj = v41 && in.role == DSV4_ROLE_FULL ? 2 * D * Di : 0, .key = 4 * H * D,
+                         .vis = in.selects ? 2 * Hi * Di : 0, .sel = in.selects ? 4 * Hi * Di : 0};
+fail:
+  return rc;
+}
+
+static dsv4_status flops(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_range *segs, int n_seg,
+                         dsv4_flops *f) {
+  dsv4_status rc = DSV4_OK;
+  dsv4_docs docs = {0};
+  dsv4_token_cost tc;
+  DSV4_CHECK(cfg && pk && f, DSV4_ERR_ARG, "flops: NULL argument");
+  DSV4_TRY(dsv4_token_cost_of(cfg, layer, &tc));
+  DSV4_TRY(dsv4_docs_build(&docs, pk, tc.r));
   double keys = 0, vis = 0, sel = 0, tokens = 0, entries = 0;
   int cur = 0;
   for (int i = 0; i < docs.n_docs; i++) /* documents in stream order: global tokens increase */
     for (int64_t t = 0; t < docs.real[i]; t++) {
       if (!held(segs, n_seg, &cur, docs.cu[i] + t)) continue;
-      if (r > 0 && (t + 1) % r == 0) entries += 1; /* an entry ends at t */
-      const int64_t nw = (t < cfg->window - 1 ? t : cfg->window - 1) + 1;
-      const int64_t nv = r > 0 ? (t + 1) / r : 0;
-      const int64_t nc = sparse ? (nv < cfg->index_topk ? nv : cfg->index_topk) : nv;
-      keys += (double)(nw + nc);
-      vis += selects ? (double)nv : 0;
-      sel += selects ? (double)nc : 0;
+      if (tc.r > 0 && (t + 1) % tc.r == 0) entries += 1; /* an entry ends at t */
+      const dsv4_token_keys k = dsv4_token_keys_at(&tc, t);
+      keys += (double)(k.nw + k.nc);
+      vis += (double)k.nv;
+      sel += (double)k.nc;
       tokens += 1;
     }
   *f = (dsv4_flops){0};
   f->tokens = tokens;
-  const double key_proj = key_proj_each * entries;
-  f->projections_fwd = tokens * (proj + comp + idx_proj) + key_proj;
-  f->attention_fwd = 4 * H * D * keys;
-  f->indexer_fwd = 2 * Hi * Di * vis;
+  const double key_proj = tc.key_proj * entries;
+  f->projections_fwd = tokens * (tc.proj + tc.idx_proj) + key_proj;
+  f->attention_fwd = tc.key * keys;
+  f->indexer_fwd = tc.vis * vis;
   f->fwd = f->projections_fwd + f->attention_fwd + f->indexer_fwd;
-  f->projections_bwd = tokens * (2 * (proj + comp) + idx_proj) + key_proj;
-  f->attention_bwd = 8 * H * D * keys;
-  f->indexer_bwd = 4 * Hi * Di * sel;
+  f->projections_bwd = tokens * (2 * tc.proj + tc.idx_proj) + key_proj;
+  f->attention_bwd = 2 * tc.key * keys;
+  f->indexer_bwd = tc.sel * sel;
   f->bwd = f->projections_bwd + f->attention_bwd + f->indexer_bwd;
 fail:
   dsv4_docs_free(&docs);

@@ -149,6 +149,11 @@ static void write_teacher(const dsv4_attn_args *a, int64_t p, const float *S, in
 }
 
 dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, const float *l_w) {
+  return dsv4_sparse_attn_finish_progress(a, m_w, l_w, NULL, NULL);
+}
+
+dsv4_status dsv4_sparse_attn_finish_progress(const dsv4_attn_args *a, const float *m_w, const float *l_w,
+                                             void (*progress)(void *), void *ctx) {
   dsv4_status rc = DSV4_OK;
   dsv4_workspace ws = {0};
   DSV4_TRY(dsv4_attn_check(a));
@@ -164,6 +169,7 @@ dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, c
     float *mc = sc.mc, *lc = sc.lc;
 #pragma omp for schedule(dynamic, 16)
     for (int64_t p = 0; p < a->S1; p++) {
+      if (progress && dsv4_thread_id() == 0) progress(ctx);
       float *o = a->out + p * H * D, *lse = a->lse + p * H;
       if (a->win_len[p] == 0) {
         for (int h = 0; h < H; h++) lse[h] = 0;
@@ -252,6 +258,11 @@ static void bwd_block(const dsv4_attn_args *a, const float *QO, const float *lse
  * x_ori / x_cmp (views, may be NULL): the caller's sums over several calls, left unrounded; the
  * float outputs d_ori_kv / d_cmp_kv are then not written. */
 dsv4_status dsv4_sparse_attn_bwd_into(const dsv4_attn_bwd_args *b, dsv4_xrows *x_ori, dsv4_xrows *x_cmp) {
+  return dsv4_sparse_attn_bwd_into_progress(b, x_ori, x_cmp, NULL, NULL);
+}
+
+dsv4_status dsv4_sparse_attn_bwd_into_progress(const dsv4_attn_bwd_args *b, dsv4_xrows *x_ori, dsv4_xrows *x_cmp,
+                                               void (*progress)(void *), void *ctx) {
   dsv4_status rc = DSV4_OK;
   const dsv4_attn_args *a = &b->fwd;
   dsv4_workspace ws = {0};
@@ -294,6 +305,7 @@ dsv4_status dsv4_sparse_attn_bwd_into(const dsv4_attn_bwd_args *b, dsv4_xrows *x
     float *Kc = sc.Kc, *dK = sc.dKc, *QO = sc.QO, *delta = sc.delta, *tsink = sc.tsink;
 #pragma omp for schedule(dynamic, 8)
     for (int64_t p = 0; p < a->S1; p++) {
+      if (progress && dsv4_thread_id() == 0) progress(ctx);
       const float *q = a->q + p * H * D, *dO = b->dout + p * H * D, *O = b->out + p * H * D;
       const float *lse = b->lse + p * H;
       float *dq = b->dq + p * H * D;

@@ -16,9 +16,15 @@ dsv4_status dsv4_sparse_attn_window_progress(const dsv4_attn_args *a, float *m_w
                                              void (*progress)(void *), void *ctx);
 /* Compressed keys and sink, merged with the window phase's state; writes normalised out and lse. */
 dsv4_status dsv4_sparse_attn_finish(const dsv4_attn_args *a, const float *m_w, const float *l_w);
+/* The same, calling progress(ctx) from the calling thread between queries (may be NULL). */
+dsv4_status dsv4_sparse_attn_finish_progress(const dsv4_attn_args *a, const float *m_w, const float *l_w,
+                                             void (*progress)(void *), void *ctx);
 
 /* The backward adding its window-row and compressed-row key gradients into the caller's exact sums
  * (util/xrows.h views; NULL: written to d_ori_kv / d_cmp_kv as dsv4_sparse_attn_bwd does). */
 dsv4_status dsv4_sparse_attn_bwd_into(const dsv4_attn_bwd_args *b, dsv4_xrows *x_ori, dsv4_xrows *x_cmp);
+/* The same, calling progress(ctx) from the calling thread between queries (may be NULL). */
+dsv4_status dsv4_sparse_attn_bwd_into_progress(const dsv4_attn_bwd_args *b, dsv4_xrows *x_ori, dsv4_xrows *x_cmp,
+                                               void (*progress)(void *), void *ctx);
 
 #endif

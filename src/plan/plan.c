@@ -209,17 +209,18 @@ fail:
  * groups partial panels at disjoint positions), so no chunk pays for a panel twice. A zigzag rank's
  * two half panels at complementary positions are one chunk; an aligned shard's chunks are its
  * panels. */
-int64_t dsv4_plan_chunk_end(const dsv4_plan *p, int64_t i0) {
-  const int64_t *g = p->global, P = p->panel;
+int64_t dsv4_chunk_end_of(const int64_t *g, int64_t n, int64_t P, int64_t i0) {
   uint64_t used[DSV4_CHUNK_ROWS / 64] = {0};
   int64_t i = i0;
-  for (; i < p->n && i - i0 < DSV4_CHUNK_ROWS; i++) {
+  for (; i < n && i - i0 < DSV4_CHUNK_ROWS; i++) {
     const int64_t pos = g[i] % P;
     if (used[pos / 64] >> (pos % 64) & 1) break;
     used[pos / 64] |= (uint64_t)1 << (pos % 64);
   }
   return i;
 }
+
+int64_t dsv4_plan_chunk_end(const dsv4_plan *p, int64_t i0) { return dsv4_chunk_end_of(p->global, p->n, p->panel, i0); }
 
 static dsv4_status chunks(dsv4_plan *p) {
   dsv4_status rc = DSV4_OK;

@@ -169,5 +169,7 @@ void dsv4_plan_free(dsv4_plan *p);
 
 /* End of the chunk that starts at local row i0 (< n). */
 int64_t dsv4_plan_chunk_end(const dsv4_plan *p, int64_t i0);
+/* The same rule for any rank's rows: g [n] their global indices in local order, P the panel rows. */
+int64_t dsv4_chunk_end_of(const int64_t *g, int64_t n, int64_t P, int64_t i0);
 
 #endif

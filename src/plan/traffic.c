@@ -7,6 +7,7 @@
 
 #include "cp/exchange.h"
 #include "model/wgrad.h"
+#include "offload.h"
 #include "plan.h"
 #include "util/abi.h"
 #include "util/err.h"
@@ -63,6 +64,7 @@ static dsv4_status traffic_all(const dsv4_config *cfg, int layer, const dsv4_pac
                                int recompute, int size, dsv4_cp_stats *out) {
   dsv4_status rc = DSV4_OK;
   plan_ctx p = {0};
+  dsv4_offload *off = NULL;
   DSV4_CHECK(cfg && pk && out && size >= 1, DSV4_ERR_ARG, "plan: bad arguments");
   memset(out, 0, sizeof(dsv4_cp_stats) * (size_t)size);
   if (size == 1) return DSV4_OK; /* one rank sends nothing */
@@ -113,7 +115,15 @@ static dsv4_status traffic_all(const dsv4_config *cfg, int layer, const dsv4_pac
   }
   /* the backward's weight gradients, summed over the ranks */
   DSV4_TRY(dsv4_wgrad_traffic(cfg, &in, &p.docs, p.lays, size, recompute, out));
+  /* attention rows moved between ranks (the fast path's) */
+  DSV4_ALLOC(off, size);
+  dsv4_token_cost tc;
+  DSV4_TRY(dsv4_token_cost_of(cfg, layer, &tc));
+  DSV4_TRY(dsv4_offload_plan(&tc, &p.docs, pk, cp ? cp->split : DSV4_SPLIT_CONTIGUOUS, size, off));
+  const int teacher = in.selects && cfg->index_loss_mode == DSV4_KL_SPARSE;
+  for (int q = 0; q < size; q++) dsv4_offload_traffic(&off[q], cfg->n_heads, cfg->head_dim, cfg->index_topk, teacher, &out[q]);
 fail:
+  free(off);
   plan_free(&p);
   return rc;
 }

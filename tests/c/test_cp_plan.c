@@ -488,6 +488,24 @@ static void stats_abi(void) {
             old.messages[k] == now.messages[k] && old.seconds[k] == 0;
   tu_check(same && old.hidden_seconds == 0 && old.overlap_window_seconds == 0 && now.bytes_recv[3] > 0,
            "stats ABI: a 0.2.x struct (%zu bytes) gets its 8 kinds at their places and its trailing fields", sizeof old);
+  typedef struct {
+    DSV4_STRUCT_HEAD;
+    uint64_t bytes_sent[11], bytes_recv[11], messages[11];
+    double seconds[11];
+    double hidden_seconds, overlap_window_seconds;
+  } stats_0_3;
+  stats_0_3 mid = {DSV4_HEAD(stats_0_3)};
+  mid.hidden_seconds = mid.overlap_window_seconds = -1;
+  if (!tu_ok(dsv4_cp_plan_traffic(&cfg, 2, &pk, NULL, 1, 2, (dsv4_cp_stats *)(void *)&mid), "plan, 0.3.x's struct"))
+    return;
+  same = DSV4_MSG_KINDS_0_3 == 11 && mid.struct_size == sizeof mid;
+  for (int k = 0; k < 11; k++)
+    same &= mid.bytes_sent[k] == now.bytes_sent[k] && mid.bytes_recv[k] == now.bytes_recv[k] &&
+            mid.messages[k] == now.messages[k] && mid.seconds[k] == 0;
+  tu_check(same && mid.hidden_seconds == 0 && mid.overlap_window_seconds == 0 &&
+               now.bytes_sent[DSV4_MSG_WGRAD_SUMS] > 0 && now.bytes_sent[DSV4_MSG_ATTN_OFFLOAD] > 0,
+           "stats ABI: a 0.3.x struct (%zu bytes) gets its 11 kinds at their places and its trailing fields (this "
+           "version's adds the attention offload's)", sizeof mid);
 }
 
 /* dsv4_cp_plan_flops: a window count by hand for the rows each split gives a rank; every rank's
@@ -586,7 +604,94 @@ static void plan_flops(void) {
            "plan flops: a length the split cannot divide is refused (%s)", dsv4_last_error());
 }
 
+/* dsv4_cp_plan_offload: V4-Flash CSA under both splits moves the heavy rank's last rows to the
+ * light one, evening the pair's estimated work; SWA, HCA, one rank and DSV4_OFFLOAD=0 move
+ * nothing; for random packings every pair is symmetric, each rank in at most one, the rows at most
+ * a chunk, and the move never widens the pair's gap. */
+static void plan_offload(void) {
+  dsv4_config flash = DSV4_CONFIG_INIT, tiny = DSV4_CONFIG_INIT, t41 = DSV4_CONFIG_INIT;
+  if (!tu_ok(dsv4_config_preset(&flash, "flash"), "flash") || !tu_ok(dsv4_config_preset(&tiny, "tiny"), "tiny") ||
+      !tu_ok(dsv4_config_preset(&t41, "tiny41"), "tiny41"))
+    return;
+  dsv4_cp_offload o[8];
+  const dsv4_packing one = TU_PACKING(NULL, NULL, 0, 4096, 0);
+  for (int zig = 0; zig < 2; zig++) {
+    const dsv4_cp_config cp = {DSV4_HEAD(dsv4_cp_config), .split = zig ? DSV4_SPLIT_ZIGZAG : DSV4_SPLIT_CONTIGUOUS};
+    for (int q = 0; q < 2; q++) o[q] = (dsv4_cp_offload)DSV4_CP_OFFLOAD_INIT;
+    const int ok = tu_ok(dsv4_cp_plan_offload(&flash, 2, &one, &cp, 2, o), "offload plan");
+    const double after = ok ? (o[1].work_heavy - o[1].work_moved) / (o[1].work_light + o[1].work_moved) : 0;
+    tu_check(ok && o[1].heavy && o[1].peer == 0 && o[0].peer == 1 && !o[0].heavy && o[0].rows == o[1].rows &&
+                 o[1].rows > 100 && o[1].rows <= 512 && o[1].work_heavy > 1.05 * o[1].work_light && fabs(after - 1) < 0.01,
+             "offload: V4-Flash CSA 4096 %s: rank 1 moves %lld rows to rank 0, the pair's work %.3f -> %.4f",
+             zig ? "zigzag" : "contiguous", (long long)o[1].rows, ok ? o[1].work_heavy / o[1].work_light : 0, after);
+  }
+  const int none_layers[2] = {0, 3};
+  for (int i = 0; i < 2; i++) {
+    o[0] = o[1] = (dsv4_cp_offload)DSV4_CP_OFFLOAD_INIT;
+    const int ok = tu_ok(dsv4_cp_plan_offload(&flash, none_layers[i], &one, NULL, 2, o), "offload plan");
+    tu_check(ok && o[0].peer < 0 && o[1].peer < 0 && !o[0].rows && !o[1].rows,
+             "offload: V4-Flash layer %d (%s) moves nothing", none_layers[i], i ? "HCA" : "SWA");
+  }
+  o[0] = (dsv4_cp_offload)DSV4_CP_OFFLOAD_INIT;
+  tu_check(tu_ok(dsv4_cp_plan_offload(&flash, 2, &one, NULL, 1, o), "offload plan") && o[0].peer < 0,
+           "offload: one rank moves nothing");
+  setenv("DSV4_OFFLOAD", "0", 1);
+  o[0] = o[1] = (dsv4_cp_offload)DSV4_CP_OFFLOAD_INIT;
+  const int ok0 = tu_ok(dsv4_cp_plan_offload(&flash, 2, &one, NULL, 2, o), "offload plan");
+  unsetenv("DSV4_OFFLOAD");
+  tu_check(ok0 && o[0].peer < 0 && o[1].peer < 0, "offload: DSV4_OFFLOAD=0 moves nothing");
+  uint32_t seed = 777;
+  int good = 1, cases = 0, moved = 0;
+  for (int it = 0; it < 60; it++) {
+    int32_t cu[40], real[40];
+    const int64_t T = 960;
+    int n = 0;
+    cu[0] = 0;
+    while (cu[n] < T && n < 38) {
+      seed = seed * 1103515245u + 12345u;
+      int64_t len = 1 + (seed >> 8) % 400;
+      if (cu[n] + len > T) len = T - cu[n];
+      cu[n + 1] = (int32_t)(cu[n] + len);
+      real[n] = (int32_t)(len - (int64_t)((seed >> 20) % 3) % len);
+      n++;
+    }
+    if (cu[n] != T) continue;
+    const dsv4_packing pk = TU_PACKING(cu, real, n, T, 0);
+    const dsv4_config *cfg = it % 2 ? &t41 : &tiny;
+    const int layer = it % 2 ? 1 + (int)((unsigned)it / 2 % 3) : 1;
+    static const int Ns[] = {2, 3, 4, 8};
+    for (int ni = 0; ni < 4; ni++)
+      for (int zig = 0; zig < 2; zig++) {
+        const int N = Ns[ni];
+        const dsv4_cp_config cp = {DSV4_HEAD(dsv4_cp_config), .split = zig ? DSV4_SPLIT_ZIGZAG : DSV4_SPLIT_CONTIGUOUS};
+        for (int q = 0; q < N; q++) o[q] = (dsv4_cp_offload)DSV4_CP_OFFLOAD_INIT;
+        if (dsv4_cp_plan_offload(cfg, layer, &pk, &cp, N, o) != DSV4_OK) {
+          good = 0;
+          continue;
+        }
+        cases++;
+        for (int q = 0; q < N; q++) {
+          const dsv4_cp_offload *a = &o[q];
+          if (a->peer < 0) {
+            good &= a->rows == 0;
+            continue;
+          }
+          const dsv4_cp_offload *b = &o[a->peer];
+          good &= a->peer != q && b->peer == q && a->heavy != b->heavy && a->rows == b->rows && a->rows > 0 &&
+                  a->rows <= 512 && a->work_heavy >= a->work_light;
+          const double gap = a->work_heavy - a->work_light, now = fabs(gap - 2 * a->work_moved);
+          good &= now < gap;
+          moved += a->heavy;
+        }
+      }
+  }
+  tu_check(good && cases >= 400 && moved > cases / 2,
+           "offload: %d random packings x N x split: pairs symmetric, one per rank, at most a chunk, the gap narrowed "
+           "(%d pairs)", cases, moved);
+}
+
 static const tu_test TESTS[] = {
+  {"plan", "offload", plan_offload},
   {"plan", "flops", plan_flops},
   {"plan", "wgrad-traffic", wgrad_traffic},
   {"plan", "stats-abi", stats_abi},
