@@ -166,6 +166,19 @@ def main():
             if name == UNPADDED[0] and not light:
                 one = os.path.join(tmp, f"{name}_n1_contiguous_t1_r0.st")
                 offload(a.build, name, T.case_files(d, layer), tmp, st.read(one) if os.path.exists(one) else None)
+        # the attention offload over several row chunks (a part per chunk: 768 rows per rank)
+        if not light:
+            long_csa = ["--preset", "tiny", "--layer", "1", "--seq", "1536", "--doc-lengths", "40:700", "--seed", "5"]
+            fwd = os.path.join(tmp, "long_fwd.st")
+            rc, _, err = T.cli(a.build, ["run"] + long_csa + ["--quiet", "--output", fwd])
+            if T.check(rc == 0, "determinism: tiny CSA 1536 forward for the shapes", err.strip()):
+                dout = os.path.join(tmp, "long_dout.st")
+                rng = np.random.default_rng(5)
+                st.write(dout, {"dout": rng.standard_normal(st.read(fwd)["out"].shape).astype(np.float32)})
+                one = os.path.join(tmp, "long_one.st")
+                rc, err = run_one(a.build, long_csa + ["--grad-output", dout], 1, "contiguous", 1, 0, one)
+                if T.check(rc == 0, "determinism: tiny CSA 1536 N=1 runs", err):
+                    offload(a.build, "tiny_csa_1536", long_csa + ["--grad-output", dout], tmp, st.read(one))
         # V4.1: the forward once for the shapes, then dout.{L} for every layer of the range
         fwd = os.path.join(tmp, "v41_fwd.st")
         rc, _, err = T.cli(a.build, ["run"] + V41 + ["--quiet", "--output", fwd])

@@ -24,6 +24,7 @@ dsv4_status dsv4_cp_patch(dsv4_core *core, dsv4_comm *comm, const dsv4_cp_config
   core->split = cf->split;
   if (core->have_plan) dsv4_plan_free(&core->plan); /* planned for the old communicator */
   core->have_plan = 0;
+  dsv4_offload_free(&core->off);
   memset(&core->xfer.stats, 0, sizeof core->xfer.stats);
 fail:
   return rc;

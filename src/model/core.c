@@ -45,6 +45,7 @@ dsv4_status dsv4_core_create(dsv4_core **out, const dsv4_config *cfg, int layer,
   c->ratio = dsv4_config_ratio(cfg, layer);
   c->w = w;
   c->impl = DSV4_IMPL_FAST;
+  c->off = (dsv4_offload){.peer = -1};
   c->cfg_hash = hash_config(cfg, layer, c->ratio);
   c->group_hash = hash_config(cfg, -1, 0);
   DSV4_TRY(dsv4_comm_create_self(&c->self));
@@ -61,6 +62,7 @@ void dsv4_core_free(dsv4_core *c) {
   if (!c) return;
   dsv4_xfer_free(&c->xfer);
   if (c->have_plan) dsv4_plan_free(&c->plan);
+  dsv4_offload_free(&c->off);
   dsv4_arena_free(&c->saved);
   dsv4_arena_free(&c->scratch);
   dsv4_shared_free(c->own_shared);

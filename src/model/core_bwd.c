@@ -169,27 +169,33 @@ dsv4_status dsv4_core_bwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
   dsv4_core_run *st = &c->run;
   const dsv4_stage_env e = env_of(c);
   const int H = c->cfg.n_heads, Hi = c->cfg.index_n_heads, Di = c->cfg.index_head_dim;
+  int64_t *lo = NULL, *hi = NULL;
   DSV4_CHECK(st->valid && st->grads, DSV4_ERR_STATE, "core backward: rows before dsv4_core_bwd_begin");
   DSV4_CHECK(q && o && d_o && dq && i0 >= 0 && n >= 0 && i0 + n <= c->plan.n, DSV4_ERR_ARG,
              "core backward: bad rows [%lld, %lld) or NULL buffers", (long long)i0, (long long)(i0 + n));
-  /* the last call: the moved attention rows go to the offload peer (heavy), or the peer's come here */
-  const int last = i0 + n == c->plan.n && dsv4_core_offloads(c), heavy = last && c->off.heavy;
-  const int64_t own = heavy ? n - c->off.m : n; /* rows whose attention backward this call computes */
-  DSV4_CHECK(own >= 0, DSV4_ERR_STATE, "core backward: the moved attention rows are not in this call's rows");
-  if (heavy) DSV4_TRY(dsv4_offload_bwd_post(c, i0, q, o, d_o, dq));
-  const dsv4_attn_bwd_args ab = {
-      .dq = dq, .d_ori_kv = st->bs.d_ext, .d_cmp_kv = st->bs.d_cmp, .d_sink = dsv4_w(st->grads, W_SINK),
-      .dout = d_o, .out = o, .lse = st->sv.lse + i0 * H, .scores = c->recompute ? st->bs.rc_scores : NULL,
-      .fwd = dsv4_attend_args(&e, i0, own, q, NULL, NULL, ori_kv(c), st->cmp, st->topk)};
-  dsv4_attn_bwd_args abs = ab;
-  abs.fwd.score_stride = st->bs.rc_stride;
+  /* attention rows moved to the offload peer (heavy: the call computes the others), or the peer's
+   * computed here after the call's own rows (light) */
+  const int moves = dsv4_core_offloads(c), heavy = moves && c->off.heavy;
+  DSV4_ALLOC(lo, c->off.n_part + 1);
+  DSV4_ALLOC(hi, c->off.n_part + 1);
+  const int n_own = dsv4_offload_own(c, i0, n, lo, hi);
+  if (heavy) DSV4_TRY(dsv4_offload_bwd_post(c, i0, n, q, o, d_o, dq));
   /* the fast path adds the key gradients into the exact sums over all chunks; the naive path into
    * d_ext / d_cmp (floats, added to the sums at the end) */
   dsv4_xrows xo = dsv4_xrows_view(st->bs.x_ext, st->dm.R_kv, st->dm.D, st->dm.nt);
   dsv4_xrows xc = dsv4_xrows_view(st->bs.x_cmp, st->dm.n_cmp, st->dm.D, st->dm.nt);
   const int fast = c->impl != DSV4_IMPL_NAIVE;
-  DSV4_TRY(dsv4_attend_bwd(&e, &abs, fast ? &xo : NULL, fast && c->ratio > 0 ? &xc : NULL,
-                           heavy ? dsv4_offload_progress : NULL, c));
+  for (int r = 0; r < n_own; r++) {
+    const int64_t a = lo[r] - i0, HD = (int64_t)H * c->cfg.head_dim;
+    dsv4_attn_bwd_args ab = {
+        .dq = dq + a * HD, .d_ori_kv = st->bs.d_ext, .d_cmp_kv = st->bs.d_cmp, .d_sink = dsv4_w(st->grads, W_SINK),
+        .dout = d_o + a * HD, .out = o + a * HD, .lse = st->sv.lse + lo[r] * H,
+        .scores = c->recompute ? st->bs.rc_scores + a * st->bs.rc_stride : NULL,
+        .fwd = dsv4_attend_args(&e, lo[r], hi[r] - lo[r], q + a * HD, NULL, NULL, ori_kv(c), st->cmp, st->topk)};
+    ab.fwd.score_stride = st->bs.rc_stride;
+    DSV4_TRY(dsv4_attend_bwd(&e, &ab, fast ? &xo : NULL, fast && c->ratio > 0 ? &xc : NULL,
+                             heavy ? dsv4_offload_progress : NULL, c));
+  }
   if (st->dm.selects) {
     /* recomputation left this chunk's indexer queries in the chunk-sized buffers */
     const float *qI = c->recompute ? st->bs.qI : st->sv.qI + i0 * Hi * Di;
@@ -204,9 +210,10 @@ dsv4_status dsv4_core_bwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
                                      kw));
   }
   if (heavy) DSV4_TRY(dsv4_offload_bwd_wait(c));
-  if (last && !heavy) DSV4_TRY(dsv4_offload_bwd_serve(c));
+  if (moves && !heavy) DSV4_TRY(dsv4_offload_bwd_serve(c, i0, n));
 fail:
   if (rc != DSV4_OK) dsv4_offload_drain(c);
+  free(lo), free(hi);
   return rc;
 }
 

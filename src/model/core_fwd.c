@@ -26,14 +26,17 @@ static dsv4_status plan_offload(dsv4_core *c, const dsv4_packing *pk) {
   dsv4_status rc = DSV4_OK;
   dsv4_offload *all = NULL;
   dsv4_token_cost tc;
-  const int N = c->xfer.comm->size;
-  c->off = (dsv4_offload){.peer = -1};
+  const int N = c->xfer.comm->size, me = c->xfer.comm->rank;
+  dsv4_offload_free(&c->off);
   if (N < 2) return DSV4_OK;
   DSV4_TRY(dsv4_token_cost_of(&c->cfg, c->layer, &tc));
   DSV4_ALLOC(all, N);
   DSV4_TRY(dsv4_offload_plan(&tc, &c->plan.docs, pk, c->split, N, all));
-  c->off = all[c->xfer.comm->rank];
+  c->off = all[me];
+  all[me] = (dsv4_offload){.peer = -1};
 fail:
+  if (all)
+    for (int q = 0; q < N; q++) dsv4_offload_free(&all[q]);
   free(all);
   if (rc != DSV4_OK) c->have_plan = 0, dsv4_plan_free(&c->plan);
   return rc;
@@ -208,17 +211,25 @@ dsv4_status dsv4_core_fwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
   const dsv4_stage_env e = env_of(c);
   const int sel = st->dm.selects, H = c->cfg.n_heads, k = c->cfg.index_topk;
   const int Hi = c->cfg.index_n_heads, Di = c->cfg.index_head_dim;
+  const int64_t D = c->cfg.head_dim;
   float *qI = NULL, *wI = NULL;
+  int64_t *lo = NULL, *hi = NULL;
   DSV4_CHECK(q && o && i0 >= 0 && n >= 0 && i0 + n <= c->plan.n, DSV4_ERR_ARG,
              "core forward: bad rows [%lld, %lld)", (long long)i0, (long long)(i0 + n));
-  /* the last call: the moved attention rows go to the offload peer (heavy), or the peer's come here */
-  const int last = i0 + n == c->plan.n && dsv4_core_offloads(c), heavy = last && c->off.heavy;
-  const int64_t own = heavy ? n - c->off.m : n; /* rows whose attention this call computes */
-  DSV4_CHECK(own >= 0, DSV4_ERR_STATE, "core forward: the moved attention rows are not in this call's rows");
-  float *lse = st->sv.lse + i0 * H;
-  dsv4_attn_args at = dsv4_attend_args(&e, i0, own, q, o, lse, ori_kv(c), NULL, NULL);
-  float *m_w = st->fs.win_state ? st->fs.win_state + i0 * H : NULL, *l_w = m_w ? m_w + c->plan.n * H : NULL;
-  if (c->impl == DSV4_IMPL_FAST) DSV4_TRY(dsv4_attend_window(&e, &at, m_w, l_w, !st->stage1_done));
+  /* attention rows moved to the offload peer (heavy: the call computes the others, `own`), or the
+   * peer's computed here after the call's own rows (light) */
+  const int moves = dsv4_core_offloads(c), heavy = moves && c->off.heavy;
+  DSV4_ALLOC(lo, c->off.n_part + 1);
+  DSV4_ALLOC(hi, c->off.n_part + 1);
+  const int n_own = dsv4_offload_own(c, i0, n, lo, hi);
+  /* the window phase's running max and sum, [n, H] each (fast path) */
+  float *m_w = st->fs.win_state, *l_w = m_w ? m_w + c->plan.n * H : NULL;
+  if (c->impl == DSV4_IMPL_FAST)
+    for (int r = 0; r < n_own; r++) {
+      const dsv4_attn_args at = dsv4_attend_args(&e, lo[r], hi[r] - lo[r], q + (lo[r] - i0) * H * D,
+                                                 o + (lo[r] - i0) * H * D, st->sv.lse + lo[r] * H, ori_kv(c), NULL, NULL);
+      DSV4_TRY(dsv4_attend_window(&e, &at, m_w + lo[r] * H, l_w + lo[r] * H, !st->stage1_done));
+    }
   if (sel) { /* more local work before waiting for the gathers */
     qI = c->recompute ? st->fs.qI : st->sv.qI + i0 * Hi * Di;
     wI = c->recompute ? st->fs.wI : st->sv.wI + i0 * Hi;
@@ -229,22 +240,27 @@ dsv4_status dsv4_core_fwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
     DSV4_TRY(dsv4_select_topk(&e, i0, n, qI, wI, st->KI, st->topk, st->sv.scores, st->cand_in, st->cand_out));
   if (sel && st->topk_out)
     memcpy(st->topk_out + i0 * k, st->topk + i0 * k, sizeof(int32_t) * (size_t)(n * k));
-  if (heavy) DSV4_TRY(dsv4_offload_fwd_post(c, i0, q, o));
-  at = dsv4_attend_args(&e, i0, own, q, o, lse, ori_kv(c), st->cmp, st->topk);
-  at.teacher = st->sv.teacher ? st->sv.teacher + i0 * k : NULL; /* the KL teacher from the attention's logits */
-  if (c->impl == DSV4_IMPL_FAST)
-    DSV4_TRY(dsv4_attend_finish(&e, &at, m_w, l_w, heavy ? dsv4_offload_progress : NULL, c));
-  else
-    DSV4_TRY(dsv4_attend_whole(&e, &at));
+  if (heavy) DSV4_TRY(dsv4_offload_fwd_post(c, i0, n, q, o));
+  for (int r = 0; r < n_own; r++) {
+    dsv4_attn_args at = dsv4_attend_args(&e, lo[r], hi[r] - lo[r], q + (lo[r] - i0) * H * D, o + (lo[r] - i0) * H * D,
+                                         st->sv.lse + lo[r] * H, ori_kv(c), st->cmp, st->topk);
+    at.teacher = st->sv.teacher ? st->sv.teacher + lo[r] * k : NULL; /* the KL teacher from the attention's logits */
+    if (c->impl == DSV4_IMPL_FAST)
+      DSV4_TRY(dsv4_attend_finish(&e, &at, m_w + lo[r] * H, l_w + lo[r] * H, heavy ? dsv4_offload_progress : NULL, c));
+    else
+      DSV4_TRY(dsv4_attend_whole(&e, &at));
+  }
   if (heavy) DSV4_TRY(dsv4_offload_fwd_wait(c));
-  if (last && !heavy) DSV4_TRY(dsv4_offload_fwd_serve(c));
+  if (moves && !heavy) DSV4_TRY(dsv4_offload_fwd_serve(c, i0, n));
   if (sel) {
     const dsv4_loss_in in = {.q = q, .cmp = st->cmp, .qI = qI, .wI = wI, .KI = st->KI, .teacher = st->sv.teacher,
                              .scores = st->sv.scores, .topk = st->topk, .kl_rows = st->sv.kl_rows};
     DSV4_TRY(dsv4_loss_rows(&e, i0, n, &in, &st->kl_valid));
   }
+  free(lo), free(hi);
   return DSV4_OK;
 fail:
+  free(lo), free(hi);
   dsv4_core_fail(c);
   return rc;
 }

@@ -1,8 +1,9 @@
 /* offload.h: carrying the attention rows plan/offload.h moves, forward and backward.
  *
- * The heavy rank (its last m rows move) and the light rank (it computes them) meet in their last
- * row call of the forward and of the backward (the moved rows lie in the heavy rank's last chunk, so
- * its last call holds them whatever the chunking; core_fwd.c, core_bwd.c):
+ * The heavy rank (the end of each of its row chunks moves: a part) and the light rank (it computes
+ * them) meet in the calls that hold them (core_fwd.c, core_bwd.c): the heavy rank's call of the
+ * part's chunk, the light rank's call that ends its chunk of the same index (the backward's calls
+ * are the chunks; the default forward is one call, so all parts go at once there):
  *   forward   heavy: after its top-k, sends the moved rows' top-k ids, their windows' raw kv rows and
  *             q (in batches), computes its other rows, then waits for o, lse and the KL teacher;
  *             light: after its own rows, computes the moved rows batch by batch with the forward's
@@ -32,30 +33,38 @@ typedef struct {
   dsv4_core *c;
   dsv4_comm_req **req;  /* every pending request of the call */
   int n_req;
-  int nb;               /* batches */
-  int *do_req;          /* backward: batch b's d o send (index into req) */
-  uint8_t *dq_posted;   /* backward: batch b's d q receive is posted (after its d o left: d q may alias d o) */
-  float *dq;            /* backward: d q of the first moved row */
-  int64_t *sums;        /* backward: the window rows' exact sums from the light rank */
-  int64_t status[2];    /* the light rank's status: forward, backward */
+  int n_part;           /* parts in the call */
+  int nb;               /* their batches */
+  int bwd;              /* a backward call (d q receives follow the d o sends) */
+  int *do_req;          /* batch b's d o send (index into req) */
+  uint8_t *dq_posted;   /* batch b's d q receive is posted (after its d o left: d q may alias d o) */
+  float **dq_at;        /* where batch b's d q goes, and its rows */
+  int64_t *dq_rows;
+  int *kv_part;         /* backward: the call's i-th part (index into the plan's parts) */
+  int64_t **sums;       /* backward: its window rows' exact sums from the light rank */
+  int64_t *status;      /* the light rank's status of each part */
   dsv4_status err;      /* a failure inside the progress hook */
 } dsv4_offload_run;
 
-/* Forward, heavy rank, after the call's top-k: the moved rows' inputs sent, their outputs' receives
- * posted (q: the call's q; o: the call's o; i0: the call's first row). */
-dsv4_status dsv4_offload_fwd_post(dsv4_core *c, int64_t i0, const float *q, float *o);
-/* Forward, heavy rank: completes the call's messages. */
-dsv4_status dsv4_offload_fwd_wait(dsv4_core *c);
-/* Forward, light rank: computes the peer's moved rows and sends them back. */
-dsv4_status dsv4_offload_fwd_serve(dsv4_core *c);
+/* The rows of the call [i0, i0 + n) whose attention this rank computes: lo[i], hi[i] for the
+ * returned count (at most the plan's parts + 1; the whole call unless this rank is heavy). */
+int dsv4_offload_own(const dsv4_core *c, int64_t i0, int64_t n, int64_t *lo, int64_t *hi);
 
-/* Backward, heavy rank, first in its last call: the moved rows' inputs sent (q, o, d o: the call's). */
-dsv4_status dsv4_offload_bwd_post(dsv4_core *c, int64_t i0, const float *q, const float *o, const float *d_o,
-                                  float *dq);
+/* Forward, heavy rank, after the call's top-k: the inputs of the moved rows in the call sent, the
+ * receives of their outputs posted (q, o: the call's). Then wait: completes the call's messages. */
+dsv4_status dsv4_offload_fwd_post(dsv4_core *c, int64_t i0, int64_t n, const float *q, float *o);
+dsv4_status dsv4_offload_fwd_wait(dsv4_core *c);
+/* Forward, light rank, after its call [i0, i0 + n): computes the parts due there and sends them back. */
+dsv4_status dsv4_offload_fwd_serve(dsv4_core *c, int64_t i0, int64_t n);
+
+/* Backward, heavy rank, first in the call: the moved rows' inputs sent (q, o, d o, dq: the call's). */
+dsv4_status dsv4_offload_bwd_post(dsv4_core *c, int64_t i0, int64_t n, const float *q, const float *o,
+                                  const float *d_o, float *dq);
 /* Backward, heavy rank: completes the call's messages; the window sums merged into x_ext. */
 dsv4_status dsv4_offload_bwd_wait(dsv4_core *c);
-/* Backward, light rank: the peer's moved rows' backward, key gradients into its own sums. */
-dsv4_status dsv4_offload_bwd_serve(dsv4_core *c);
+/* Backward, light rank, after its call [i0, i0 + n): the parts due there, key gradients into its
+ * own sums. */
+dsv4_status dsv4_offload_bwd_serve(dsv4_core *c, int64_t i0, int64_t n);
 
 /* The hook the heavy rank's attention calls between queries (ctx: the core). */
 void dsv4_offload_progress(void *ctx);

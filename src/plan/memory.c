@@ -71,6 +71,8 @@ static dsv4_status plan_memory(const dsv4_config *cfg, int layer, const dsv4_pac
   out->io = (uint64_t)n * (4 * d * sizeof(float) + (dm.selects ? k * sizeof(int32_t) : 0));
   out->total = out->weights + out->grads + out->saved + out->transient + out->io + out->shared;
 fail:
+  if (off)
+    for (int q = 0; q < size; q++) dsv4_offload_free(&off[q]);
   free(off);
   if (have) dsv4_plan_free(&p);
   dsv4_plan_key_free(&key);

@@ -21,39 +21,50 @@ static double work_of(const dsv4_token_cost *tc, const dsv4_docs *d, int i, int6
   return w + (DSV4_OFFLOAD_KEY_COST - 1) * attention;
 }
 
-/* The rank's work, its last segment and the length of its last row chunk. */
+/* One rank's rows in local order (global indices), its estimated work and its row chunks. */
+typedef struct {
+  int64_t n, *g;
+  uint8_t *seg_first;      /* [n] 1: the row starts a segment */
+  int64_t n_chunk, *chunk; /* [n_chunk + 1] boundaries */
+  double work;
+} rank_rows;
+
+static void rank_rows_free(rank_rows *r) {
+  free(r->g), free(r->seg_first), free(r->chunk);
+  memset(r, 0, sizeof *r);
+}
+
 static dsv4_status rank_summary(const dsv4_token_cost *tc, const dsv4_docs *d, const dsv4_packing *pk,
-                                dsv4_split split, int q, int size, double *work, dsv4_range *last, int64_t *chunk) {
+                                dsv4_split split, int q, int size, rank_rows *r) {
   dsv4_status rc = DSV4_OK;
   dsv4_range *segs = NULL;
-  int64_t *g = NULL, n = 0;
   int ns = 0;
   double moved;
+  memset(r, 0, sizeof *r);
   DSV4_TRY(dsv4_shard_segments(pk, split, q, size, &segs, &ns));
-  for (int s = 0; s < ns; s++) n += segs[s].len;
-  DSV4_ALLOC(g, n + 1);
-  *work = 0;
-  n = 0;
+  for (int s = 0; s < ns; s++) r->n += segs[s].len;
+  DSV4_ALLOC(r->g, r->n + 1);
+  DSV4_ALLOC(r->seg_first, r->n + 1);
+  int64_t n = 0;
   for (int s = 0; s < ns; s++) {
     int i = dsv4_docs_find(d, segs[s].g0);
+    r->seg_first[n] = 1;
     for (int64_t j = 0; j < segs[s].len; j++) {
       const int64_t x = segs[s].g0 + j;
       while (x >= d->cu[i + 1]) i++;
-      g[n++] = x;
-      *work += work_of(tc, d, i, x, &moved);
+      r->g[n++] = x;
+      r->work += work_of(tc, d, i, x, &moved);
     }
   }
-  *last = ns ? segs[ns - 1] : (dsv4_range){0, 0};
-  int64_t i0 = 0, P = dsv4_panel_rows(d->T);
-  while (i0 < n) {
-    const int64_t e = dsv4_chunk_end_of(g, n, P, i0);
-    if (e == n) break;
-    i0 = e;
-  }
-  *chunk = n - i0;
+  const int64_t P = dsv4_panel_rows(d->T);
+  for (int64_t i0 = 0; i0 < r->n; i0 = dsv4_chunk_end_of(r->g, r->n, P, i0)) r->n_chunk++;
+  DSV4_ALLOC(r->chunk, r->n_chunk + 1);
+  r->n_chunk = 0;
+  for (int64_t i0 = 0; i0 < r->n; i0 = dsv4_chunk_end_of(r->g, r->n, P, i0)) r->chunk[r->n_chunk++] = i0;
+  r->chunk[r->n_chunk] = r->n;
 fail:
   free(segs);
-  free(g);
+  if (rc != DSV4_OK) rank_rows_free(r);
   return rc;
 }
 
@@ -68,60 +79,98 @@ static int heavier_first(const void *a, const void *b) {
   return x->q - y->q;
 }
 
-void dsv4_offload_window(const dsv4_docs *docs, int W, const dsv4_offload *o, int64_t j, int32_t *start,
+void dsv4_offload_window(const dsv4_docs *docs, int W, const dsv4_offload_part *p, int64_t j, int32_t *start,
                          int32_t *len) {
-  const int64_t g = o->g0 + j;
+  const int64_t g = p->g0 + j;
   const int i = dsv4_docs_find(docs, g);
   const int64_t t = g - docs->cu[i];
   const int64_t nw = t < docs->real[i] ? (t < W - 1 ? t : W - 1) + 1 : 0;
-  *start = nw ? (int32_t)(g - nw + 1 - o->kv_g0) : 0;
+  *start = nw ? (int32_t)(g - nw + 1 - p->kv_g0) : 0;
   *len = (int32_t)nw;
 }
 
-/* The pair's moved rows: the suffix of the heavy rank's last segment (at most cap rows) whose moved
- * work comes nearest half the difference (the shortest such suffix); its kv range. */
-static void pick_rows(const dsv4_token_cost *tc, const dsv4_docs *d, dsv4_range last, int64_t cap, double half,
-                      dsv4_offload *o) {
-  double cum = 0, best_gap = half, moved;
+/* The end of heavy chunk [c0, c1) whose moved work comes nearest `want` (the shortest such run of
+ * rows of one segment); *got: its moved work. 0 rows when none helps. */
+static int64_t pick_rows(const dsv4_token_cost *tc, const dsv4_docs *d, const rank_rows *h, int64_t c0, int64_t c1,
+                         double want, double *got) {
+  double cum = 0, best_gap = want, moved;
   int64_t best = 0;
-  for (int64_t j = 1; j <= cap; j++) {
-    const int64_t g = last.g0 + last.len - j;
+  *got = 0;
+  for (int64_t j = 1; j <= c1 - c0; j++) {
+    const int64_t i = c1 - j, g = h->g[i];
+    /* one segment's rows (the kv rows their windows read are then one run of its extended buffer) */
+    if (j > 1 && h->seg_first[i + 1]) break;
     work_of(tc, d, dsv4_docs_find(d, g), g, &moved);
     cum += moved;
-    const double gap = cum > half ? cum - half : half - cum;
-    if (gap < best_gap) best_gap = gap, best = j, o->work_moved = cum;
-    if (cum >= half) break;
+    const double gap = cum > want ? cum - want : want - cum;
+    if (gap < best_gap) best_gap = gap, best = j, *got = cum;
+    if (cum >= want) break;
   }
-  o->m = best;
-  o->g0 = last.g0 + last.len - best;
+  return best;
+}
+
+/* The part of rows [f, f + m) of the heavy rank: global start and kv range (0 rows: only padding). */
+static dsv4_offload_part part_of(const dsv4_docs *d, int W, const rank_rows *h, int64_t f, int64_t m) {
+  dsv4_offload_part p = {.f = f, .m = m, .g0 = h->g[f]};
   int64_t lo = INT64_MAX, hi = 0;
-  for (int64_t j = 0; j < best; j++) {
+  for (int64_t j = 0; j < m; j++) {
     int32_t s, n;
-    dsv4_offload o1 = {.g0 = o->g0, .kv_g0 = 0};
-    dsv4_offload_window(d, tc->W, &o1, j, &s, &n);
+    dsv4_offload_window(d, W, &p, j, &s, &n); /* kv_g0 = 0: absolute rows */
     if (!n) continue;
     lo = s < lo ? s : lo;
     hi = s + n > hi ? s + n : hi;
   }
-  o->kv_g0 = lo == INT64_MAX ? 0 : lo;
-  o->kv_rows = lo == INT64_MAX ? 0 : hi - lo;
+  p.kv_g0 = lo == INT64_MAX ? 0 : lo;
+  p.kv_rows = lo == INT64_MAX ? 0 : hi - lo;
+  return p;
+}
+
+/* The pair's parts: each heavy chunk's end carries an equal share of half the gap (cumulative
+ * targets, so the shares' rounding does not add up), computed by the light rank after its chunk of
+ * the same index. */
+static dsv4_status pair_parts(const dsv4_token_cost *tc, const dsv4_docs *d, const rank_rows *h, const rank_rows *l,
+                              double half, dsv4_offload *o) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_ALLOC(o->part, h->n_chunk + 1);
+  double done = 0;
+  for (int64_t k = 0; k < h->n_chunk; k++) {
+    const double want = half * (double)(k + 1) / (double)h->n_chunk - done;
+    double got;
+    if (want <= 0) continue;
+    const int64_t m = pick_rows(tc, d, h, h->chunk[k], h->chunk[k + 1], want, &got);
+    if (m == 0) continue;
+    const dsv4_offload_part p = part_of(d, tc->W, h, h->chunk[k + 1] - m, m);
+    if (p.kv_rows == 0) continue; /* only padding: nothing worth a message */
+    const int64_t j = k < l->n_chunk ? k : l->n_chunk - 1;
+    o->part[o->n_part] = p;
+    o->part[o->n_part++].light_end = l->chunk[j + 1];
+    o->m += m;
+    done += got;
+  }
+  o->work_moved = done;
+fail:
+  return rc;
+}
+
+void dsv4_offload_free(dsv4_offload *o) {
+  free(o->part);
+  *o = (dsv4_offload){.peer = -1};
 }
 
 dsv4_status dsv4_offload_plan(const dsv4_token_cost *tc, const dsv4_docs *docs, const dsv4_packing *pk,
                               dsv4_split split, int size, dsv4_offload *out) {
   dsv4_status rc = DSV4_OK;
   ranked *rk = NULL;
-  dsv4_range *last = NULL;
-  int64_t *chunk = NULL;
+  rank_rows *rows = NULL;
   for (int q = 0; q < size; q++) out[q] = (dsv4_offload){.peer = -1};
   const char *env = getenv("DSV4_OFFLOAD"); /* "0": never (to time the split alone) */
   if (size < 2 || !tc->sparse || (env && !strcmp(env, "0"))) return DSV4_OK;
   DSV4_ALLOC(rk, size);
-  DSV4_ALLOC(last, size);
-  DSV4_ALLOC(chunk, size);
+  DSV4_ALLOC(rows, size);
   for (int q = 0; q < size; q++) {
     rk[q].q = q;
-    DSV4_TRY(rank_summary(tc, docs, pk, split, q, size, &rk[q].w, &last[q], &chunk[q]));
+    DSV4_TRY(rank_summary(tc, docs, pk, split, q, size, &rows[q]));
+    rk[q].w = rows[q].work;
   }
   qsort(rk, (size_t)size, sizeof *rk, heavier_first);
   for (int i = 0; i < size / 2; i++) {
@@ -129,48 +178,67 @@ dsv4_status dsv4_offload_plan(const dsv4_token_cost *tc, const dsv4_docs *docs, 
     const double half = (rk[i].w - rk[size - 1 - i].w) / 2;
     if (!(half > 0)) continue;
     dsv4_offload o = {.peer = l, .heavy = 1, .work = {rk[i].w, rk[size - 1 - i].w}};
-    pick_rows(tc, docs, last[h], last[h].len < chunk[h] ? last[h].len : chunk[h], half, &o);
-    if (o.m == 0 || o.kv_rows == 0) continue; /* nothing worth a message */
+    rc = pair_parts(tc, docs, &rows[h], &rows[l], half, &o);
+    if (rc != DSV4_OK || o.n_part == 0) {
+      free(o.part);
+      DSV4_TRY(rc);
+      continue;
+    }
     out[h] = o;
     out[l] = o;
     out[l].peer = h, out[l].heavy = 0;
+    DSV4_ALLOC(out[l].part, o.n_part);
+    memcpy(out[l].part, o.part, sizeof *o.part * (size_t)o.n_part);
   }
 fail:
+  if (rows)
+    for (int q = 0; q < size; q++) rank_rows_free(&rows[q]);
+  free(rows);
   free(rk);
-  free(last);
-  free(chunk);
+  if (rc != DSV4_OK)
+    for (int q = 0; q < size; q++) dsv4_offload_free(&out[q]);
   return rc;
 }
 
 size_t dsv4_offload_bytes(const dsv4_offload *o, int H, int D, int topk, int teacher, int threads) {
-  if (o->peer < 0) return 0;
-  const size_t f = sizeof(float), x = 2 * sizeof(int64_t) * (size_t)D * (size_t)o->kv_rows;
-  const size_t nt = threads > 1 ? (size_t)threads : 1;
-  if (o->heavy) return x; /* the window rows' exact sums as they come back */
-  const size_t B = DSV4_OFFLOAD_BATCH, m = (size_t)o->m, HD = (size_t)H * (size_t)D;
-  /* both directions: ids, windows, kv rows, lse; forward: two sets of q and o, the window state
-   * and the teacher rows; backward: two sets of q, d o, o and d q, and the window sums' copies */
-  const size_t common = sizeof(int32_t) * (m * (size_t)topk + 2 * m) + f * ((size_t)o->kv_rows * (size_t)D + m * (size_t)H);
-  const size_t fwd = f * (4 * B * HD + 2 * B * (size_t)H + (teacher ? m * (size_t)topk : 0));
-  const size_t bwd = f * 8 * B * HD + nt * x;
-  return common + (fwd > bwd ? fwd : bwd);
+  size_t most = 0;
+  const size_t f = sizeof(float), nt = threads > 1 ? (size_t)threads : 1, B = DSV4_OFFLOAD_BATCH;
+  const size_t HD = (size_t)H * (size_t)D;
+  for (int i = 0; i < o->n_part; i++) { /* one part at a time */
+    const dsv4_offload_part *p = &o->part[i];
+    const size_t x = 2 * sizeof(int64_t) * (size_t)D * (size_t)p->kv_rows, m = (size_t)p->m;
+    size_t b = x; /* heavy: the window rows' exact sums as they come back */
+    if (!o->heavy) {
+      /* both directions: ids, windows, kv rows, lse; forward: two sets of q and o, the window state
+       * and the teacher rows; backward: two sets of q, d o, o and d q, and the window sums' copies */
+      const size_t common = sizeof(int32_t) * (m * (size_t)topk + 2 * m) + f * ((size_t)p->kv_rows * (size_t)D + m * (size_t)H);
+      const size_t fwd = f * (4 * B * HD + 2 * B * (size_t)H + (teacher ? m * (size_t)topk : 0));
+      const size_t bwd = f * 8 * B * HD + nt * x;
+      b = common + (fwd > bwd ? fwd : bwd);
+    }
+    most = b > most ? b : most;
+  }
+  return most;
 }
 
 void dsv4_offload_traffic(const dsv4_offload *o, int H, int D, int topk, int teacher, dsv4_cp_stats *s) {
-  if (o->peer < 0) return;
-  const uint64_t f = sizeof(float), m = (uint64_t)o->m, HD = (uint64_t)H * (uint64_t)D, K = (uint64_t)topk;
-  const uint64_t nb = (m + DSV4_OFFLOAD_BATCH - 1) / DSV4_OFFLOAD_BATCH, st = sizeof(int64_t);
-  const uint64_t common = sizeof(int32_t) * m * K + f * (uint64_t)o->kv_rows * (uint64_t)D; /* ids, kv rows */
-  /* heavy -> light, light -> heavy: bytes and messages, forward then backward */
-  const uint64_t fwd_out = common + f * m * HD, fwd_back = f * m * (HD + (uint64_t)H + (teacher ? K : 0)) + st;
-  const uint64_t bwd_out = common + f * m * ((uint64_t)H + 3 * HD);
-  const uint64_t bwd_back = f * m * HD + 2 * sizeof(int64_t) * (uint64_t)D * (uint64_t)o->kv_rows + st;
-  const uint64_t n_fwd_out = 2 + nb, n_fwd_back = nb + 2 + (teacher ? 1 : 0), n_bwd_out = 3 + 3 * nb, n_bwd_back = nb + 2;
+  const uint64_t f = sizeof(float), HD = (uint64_t)H * (uint64_t)D, K = (uint64_t)topk, st = sizeof(int64_t);
   const int F = DSV4_MSG_ATTN_OFFLOAD, B = DSV4_MSG_ATTN_OFFLOAD_BWD;
-  s->bytes_sent[F] += o->heavy ? fwd_out : fwd_back, s->bytes_recv[F] += o->heavy ? fwd_back : fwd_out;
-  s->bytes_sent[B] += o->heavy ? bwd_out : bwd_back, s->bytes_recv[B] += o->heavy ? bwd_back : bwd_out;
-  s->messages[F] += o->heavy ? n_fwd_out : n_fwd_back;
-  s->messages[B] += o->heavy ? n_bwd_out : n_bwd_back;
+  for (int i = 0; i < o->n_part; i++) {
+    const dsv4_offload_part *p = &o->part[i];
+    const uint64_t m = (uint64_t)p->m, nb = (m + DSV4_OFFLOAD_BATCH - 1) / DSV4_OFFLOAD_BATCH;
+    const uint64_t common = sizeof(int32_t) * m * K + f * (uint64_t)p->kv_rows * (uint64_t)D; /* ids, kv rows */
+    /* heavy -> light, light -> heavy: bytes and messages, forward then backward */
+    const uint64_t fwd_out = common + f * m * HD, fwd_back = f * m * (HD + (uint64_t)H + (teacher ? K : 0)) + st;
+    const uint64_t bwd_out = common + f * m * ((uint64_t)H + 3 * HD);
+    const uint64_t bwd_back = f * m * HD + 2 * sizeof(int64_t) * (uint64_t)D * (uint64_t)p->kv_rows + st;
+    const uint64_t n_fwd_out = 2 + nb, n_fwd_back = nb + 2 + (teacher ? 1 : 0), n_bwd_out = 3 + 3 * nb;
+    const uint64_t n_bwd_back = nb + 2;
+    s->bytes_sent[F] += o->heavy ? fwd_out : fwd_back, s->bytes_recv[F] += o->heavy ? fwd_back : fwd_out;
+    s->bytes_sent[B] += o->heavy ? bwd_out : bwd_back, s->bytes_recv[B] += o->heavy ? bwd_back : bwd_out;
+    s->messages[F] += o->heavy ? n_fwd_out : n_fwd_back;
+    s->messages[B] += o->heavy ? n_bwd_out : n_bwd_back;
+  }
 }
 
 dsv4_status dsv4_cp_plan_offload(const dsv4_config *cfg, int layer, const dsv4_packing *pk, const dsv4_cp_config *cp,
@@ -204,6 +272,8 @@ dsv4_status dsv4_cp_plan_offload(const dsv4_config *cfg, int layer, const dsv4_p
     DSV4_TRY(DSV4_STRUCT_OUT(dst, &r, dsv4_cp_offload));
   }
 fail:
+  if (all)
+    for (int q = 0; q < size; q++) dsv4_offload_free(&all[q]);
   free(all);
   dsv4_docs_free(&docs);
   return rc;

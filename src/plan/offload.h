@@ -23,7 +23,7 @@
 #include "model/flops.h"
 #include "plan/docs.h"
 
-/* Rows per round trip: the serving rank holds q, o, d o and d q of this many rows at a time. */
+/* Rows per round trip: the serving rank holds q, o, d o and d q of this many rows at a time (two sets). */
 #define DSV4_OFFLOAD_BATCH 8
 
 /* The estimate's weight of an attention FLOP against a projection FLOP: the per-query products
@@ -31,26 +31,40 @@
  * and the gathers and softmax add to them (docs/perf.md). */
 #define DSV4_OFFLOAD_KEY_COST 1.25
 
+/* Rows of one of the heavy rank's row chunks (plan.h) whose attention moves: the end of the chunk,
+ * rows of one segment. The heavy rank sends them in its call of that chunk; the light rank
+ * computes them at the end of its own chunk of the same index (its last if it has fewer), so in
+ * every chunk of the backward the light rank's extra work runs while the heavy rank computes the
+ * rest of its chunk. */
+typedef struct {
+  int64_t f, m;             /* the heavy rank's local rows [f, f + m) */
+  int64_t g0;               /* global index of row f */
+  int64_t kv_g0, kv_rows;   /* the raw kv rows their windows read: global [kv_g0, kv_g0 + kv_rows) */
+  int64_t light_end;        /* the light rank computes them after its rows before light_end (a chunk end) */
+} dsv4_offload_part;
+
 typedef struct {
   int peer;                 /* -1: nothing moves to or from this rank */
-  int heavy;                /* 1: peer computes the attention of this rank's last m rows; 0: this
-                               rank computes peer's */
-  int64_t m;                /* rows moved: the end of the heavy rank's last segment (consecutive
-                               global rows), inside its last row chunk (plan.h) */
-  int64_t g0;               /* global index of the first moved row */
-  int64_t kv_g0, kv_rows;   /* the raw kv rows their windows read: global [kv_g0, kv_g0 + kv_rows) */
+  int heavy;                /* 1: peer computes the attention of some of this rank's rows; 0: this rank
+                               computes peer's */
+  int n_part;
+  dsv4_offload_part *part;  /* in row order (owned: dsv4_offload_free) */
+  int64_t m;                /* rows moved in all */
   double work[2];           /* the pair's estimated work (FLOPs, attention weighted), heavy then light,
                                before the move; work_moved: what moves */
   double work_moved;
 } dsv4_offload;
 
-/* Every rank's part, out[0 .. size): nothing moves unless size > 1 and the layer attends through
- * top-k (tc->sparse); nor with DSV4_OFFLOAD=0 in the environment (the same bits either way). */
+void dsv4_offload_free(dsv4_offload *o);
+
+/* Every rank's part, out[0 .. size) (each freed with dsv4_offload_free, also on failure): nothing
+ * moves unless size > 1 and the layer attends through top-k (tc->sparse); nor with DSV4_OFFLOAD=0
+ * in the environment (the same bits either way). */
 dsv4_status dsv4_offload_plan(const dsv4_token_cost *tc, const dsv4_docs *docs, const dsv4_packing *pk,
                               dsv4_split split, int size, dsv4_offload *out);
 
-/* The window of moved row j (0 <= j < o->m) as rows of the moved kv range; length 0: padding. */
-void dsv4_offload_window(const dsv4_docs *docs, int W, const dsv4_offload *o, int64_t j, int32_t *start,
+/* The window of row j (0 <= j < p->m) of a part as rows of its kv range; length 0: padding. */
+void dsv4_offload_window(const dsv4_docs *docs, int W, const dsv4_offload_part *p, int64_t j, int32_t *start,
                          int32_t *len);
 
 /* This rank's messages of the move (what model/offload.c sends, counted as exchange.h counts them)
