@@ -35,9 +35,7 @@ static dsv4_status plan_offload(dsv4_core *c, const dsv4_packing *pk) {
   c->off = all[me];
   all[me] = (dsv4_offload){.peer = -1};
 fail:
-  if (all)
-    for (int q = 0; q < N; q++) dsv4_offload_free(&all[q]);
-  free(all);
+  dsv4_offload_free_all(all, N);
   if (rc != DSV4_OK) c->have_plan = 0, dsv4_plan_free(&c->plan);
   return rc;
 }

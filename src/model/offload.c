@@ -220,17 +220,6 @@ fail:
   return rc;
 }
 
-/* The parts whose turn comes at the end of the light rank's call [i0, i0 + n). */
-static void parts_served(const dsv4_core *c, int64_t i0, int64_t n, int *first, int *count) {
-  *first = 0, *count = 0;
-  for (int i = 0; i < c->off.n_part; i++) {
-    const int64_t e = c->off.part[i].light_end;
-    if (e <= i0 || e > i0 + n) continue;
-    if (!*count) *first = i;
-    ++*count;
-  }
-}
-
 static dsv4_status fwd_serve_part(dsv4_core *c, const dsv4_offload_part *p) {
   dsv4_status rc = DSV4_OK, work = DSV4_OK;
   const int64_t H = c->cfg.n_heads, HD = H * c->cfg.head_dim, K = c->cfg.index_topk, nbat = batches(p->m);
@@ -271,16 +260,21 @@ fail:
   return rc;
 }
 
-dsv4_status dsv4_offload_fwd_serve(dsv4_core *c, int64_t i0, int64_t n) {
+/* The parts whose turn comes at the end of the light rank's call [i0, i0 + n), each served by fn:
+ * every part answered, the first failure reported. */
+static dsv4_status serve_parts(dsv4_core *c, int64_t i0, int64_t n,
+                               dsv4_status (*fn)(dsv4_core *, const dsv4_offload_part *)) {
   dsv4_status rc = DSV4_OK;
-  int first, count;
-  parts_served(c, i0, n, &first, &count);
-  for (int i = first; i < first + count; i++) {
-    const dsv4_status r = fwd_serve_part(c, &c->off.part[i]);
-    rc = rc == DSV4_OK ? r : rc; /* every part answered, the first failure reported */
+  for (int i = 0; i < c->off.n_part; i++) {
+    const int64_t e = c->off.part[i].light_end;
+    if (e <= i0 || e > i0 + n) continue;
+    const dsv4_status r = fn(c, &c->off.part[i]);
+    rc = rc == DSV4_OK ? r : rc;
   }
   return rc;
 }
+
+dsv4_status dsv4_offload_fwd_serve(dsv4_core *c, int64_t i0, int64_t n) { return serve_parts(c, i0, n, fwd_serve_part); }
 
 dsv4_status dsv4_offload_bwd_post(dsv4_core *c, int64_t i0, int64_t n, const float *q, const float *o,
                                   const float *d_o, float *dq) {
@@ -409,16 +403,7 @@ fail:
   return rc;
 }
 
-dsv4_status dsv4_offload_bwd_serve(dsv4_core *c, int64_t i0, int64_t n) {
-  dsv4_status rc = DSV4_OK;
-  int first, count;
-  parts_served(c, i0, n, &first, &count);
-  for (int i = first; i < first + count; i++) {
-    const dsv4_status r = bwd_serve_part(c, &c->off.part[i]);
-    rc = rc == DSV4_OK ? r : rc; /* every part answered, the first failure reported */
-  }
-  return rc;
-}
+dsv4_status dsv4_offload_bwd_serve(dsv4_core *c, int64_t i0, int64_t n) { return serve_parts(c, i0, n, bwd_serve_part); }
 
 void dsv4_offload_drain(dsv4_core *c) {
   dsv4_offload_run *r = &c->run.orun;

@@ -17,7 +17,6 @@ static dsv4_status plan_memory(const dsv4_config *cfg, int layer, const dsv4_pac
   dsv4_status rc = DSV4_OK;
   dsv4_plan p = {0};
   dsv4_plan_key key = {0};
-  dsv4_offload *off = NULL;
   int have = 0;
   DSV4_CHECK(cfg && pk && out && size >= 1 && rank >= 0 && rank < size, DSV4_ERR_ARG, "plan: bad arguments");
   memset(out, 0, sizeof *out);
@@ -58,22 +57,15 @@ static dsv4_status plan_memory(const dsv4_config *cfg, int layer, const dsv4_pac
                    (r > 0 ? sizeof(int32_t) * (uint64_t)dm.n_cmp : 0) +
                    dsv4_kernel_scratch_bytes(&dm, opts ? opts->threads : 1) +
                    dsv4_wgrad_bytes(cfg, dm.selects, recompute, opts ? opts->threads : 1, n, key.T, size);
-  /* attention rows moved to or from another rank: the serving rank's batch buffers, the heavy
-   * rank's window sums coming back (the fast path's) */
-  if (size > 1) {
-    dsv4_token_cost tc;
-    DSV4_TRY(dsv4_token_cost_of(cfg, layer, &tc));
-    DSV4_ALLOC(off, size);
-    DSV4_TRY(dsv4_offload_plan(&tc, &p.docs, pk, split, size, off));
-    out->transient += dsv4_offload_bytes(&off[rank], cfg->n_heads, cfg->head_dim, cfg->index_topk,
-                                         dm.selects && dm.sparse_kl, opts ? opts->threads : 1);
-  }
+  /* attention rows moved to or from another rank (the fast path's): their buffers at the most */
+  dsv4_token_cost tc;
+  DSV4_TRY(dsv4_token_cost_of(cfg, layer, &tc));
+  if (dsv4_offload_enabled(&tc, size))
+    out->transient += dsv4_offload_bytes_max(&tc, n, cfg->n_heads, cfg->head_dim, dm.selects && dm.sparse_kl,
+                                             opts ? opts->threads : 1);
   out->io = (uint64_t)n * (4 * d * sizeof(float) + (dm.selects ? k * sizeof(int32_t) : 0));
   out->total = out->weights + out->grads + out->saved + out->transient + out->io + out->shared;
 fail:
-  if (off)
-    for (int q = 0; q < size; q++) dsv4_offload_free(&off[q]);
-  free(off);
   if (have) dsv4_plan_free(&p);
   dsv4_plan_key_free(&key);
   return rc;

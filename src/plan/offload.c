@@ -157,14 +157,19 @@ void dsv4_offload_free(dsv4_offload *o) {
   *o = (dsv4_offload){.peer = -1};
 }
 
+void dsv4_offload_free_all(dsv4_offload *all, int n) {
+  if (all)
+    for (int q = 0; q < n; q++) dsv4_offload_free(&all[q]);
+  free(all);
+}
+
 dsv4_status dsv4_offload_plan(const dsv4_token_cost *tc, const dsv4_docs *docs, const dsv4_packing *pk,
                               dsv4_split split, int size, dsv4_offload *out) {
   dsv4_status rc = DSV4_OK;
   ranked *rk = NULL;
   rank_rows *rows = NULL;
   for (int q = 0; q < size; q++) out[q] = (dsv4_offload){.peer = -1};
-  const char *env = getenv("DSV4_OFFLOAD"); /* "0": never (to time the split alone) */
-  if (size < 2 || !tc->sparse || (env && !strcmp(env, "0"))) return DSV4_OK;
+  if (!dsv4_offload_enabled(tc, size)) return DSV4_OK;
   DSV4_ALLOC(rk, size);
   DSV4_ALLOC(rows, size);
   for (int q = 0; q < size; q++) {
@@ -200,25 +205,22 @@ fail:
   return rc;
 }
 
-size_t dsv4_offload_bytes(const dsv4_offload *o, int H, int D, int topk, int teacher, int threads) {
-  size_t most = 0;
+int dsv4_offload_enabled(const dsv4_token_cost *tc, int size) {
+  const char *env = getenv("DSV4_OFFLOAD"); /* "0": never (to time the split alone) */
+  return size > 1 && tc->sparse && !(env && !strcmp(env, "0"));
+}
+
+size_t dsv4_offload_bytes_max(const dsv4_token_cost *tc, int64_t n_local, int H, int D, int teacher, int threads) {
   const size_t f = sizeof(float), nt = threads > 1 ? (size_t)threads : 1, B = DSV4_OFFLOAD_BATCH;
-  const size_t HD = (size_t)H * (size_t)D;
-  for (int i = 0; i < o->n_part; i++) { /* one part at a time */
-    const dsv4_offload_part *p = &o->part[i];
-    const size_t x = 2 * sizeof(int64_t) * (size_t)D * (size_t)p->kv_rows, m = (size_t)p->m;
-    size_t b = x; /* heavy: the window rows' exact sums as they come back */
-    if (!o->heavy) {
-      /* both directions: ids, windows, kv rows, lse; forward: two sets of q and o, the window state
-       * and the teacher rows; backward: two sets of q, d o, o and d q, and the window sums' copies */
-      const size_t common = sizeof(int32_t) * (m * (size_t)topk + 2 * m) + f * ((size_t)p->kv_rows * (size_t)D + m * (size_t)H);
-      const size_t fwd = f * (4 * B * HD + 2 * B * (size_t)H + (teacher ? m * (size_t)topk : 0));
-      const size_t bwd = f * 8 * B * HD + nt * x;
-      b = common + (fwd > bwd ? fwd : bwd);
-    }
-    most = b > most ? b : most;
-  }
-  return most;
+  const size_t HD = (size_t)H * (size_t)D, K = (size_t)tc->topk;
+  const size_t m = (size_t)(n_local < DSV4_CHUNK_ROWS ? n_local : DSV4_CHUNK_ROWS), kv = m + (size_t)tc->W - 1;
+  const size_t x = 2 * sizeof(int64_t) * (size_t)D * kv; /* a part's window sums (the heavy rank's too) */
+  /* both directions: ids, windows, kv rows, lse; forward: two sets of q and o, the window state
+   * and the teacher rows; backward: two sets of q, d o, o and d q, and the window sums' copies */
+  const size_t common = sizeof(int32_t) * (m * K + 2 * m) + f * (kv * (size_t)D + m * (size_t)H);
+  const size_t fwd = f * (4 * B * HD + 2 * B * (size_t)H + (teacher ? m * K : 0));
+  const size_t bwd = f * 8 * B * HD + nt * x;
+  return common + (fwd > bwd ? fwd : bwd);
 }
 
 void dsv4_offload_traffic(const dsv4_offload *o, int H, int D, int topk, int teacher, dsv4_cp_stats *s) {
@@ -272,9 +274,7 @@ dsv4_status dsv4_cp_plan_offload(const dsv4_config *cfg, int layer, const dsv4_p
     DSV4_TRY(DSV4_STRUCT_OUT(dst, &r, dsv4_cp_offload));
   }
 fail:
-  if (all)
-    for (int q = 0; q < size; q++) dsv4_offload_free(&all[q]);
-  free(all);
+  dsv4_offload_free_all(all, size);
   dsv4_docs_free(&docs);
   return rc;
 }

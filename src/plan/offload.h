@@ -56,6 +56,8 @@ typedef struct {
 } dsv4_offload;
 
 void dsv4_offload_free(dsv4_offload *o);
+/* Frees all[0 .. n) and the array (all may be NULL). */
+void dsv4_offload_free_all(dsv4_offload *all, int n);
 
 /* Every rank's part, out[0 .. size) (each freed with dsv4_offload_free, also on failure): nothing
  * moves unless size > 1 and the layer attends through top-k (tc->sparse); nor with DSV4_OFFLOAD=0
@@ -72,9 +74,13 @@ void dsv4_offload_window(const dsv4_docs *docs, int W, const dsv4_offload_part *
  * KL teacher rows back (it selects, with the sparse KL loss). */
 void dsv4_offload_traffic(const dsv4_offload *o, int H, int D, int topk, int teacher, dsv4_cp_stats *s);
 
-/* Bytes each side holds while rows move (plan/memory.c and the call's own buffers agree): the
- * serving rank's batch buffers, the moved rows' kv, top-k ids, lse, teacher and window sums; the
- * heavy rank's window sums as they come back. threads: the exact sums' copies. */
-size_t dsv4_offload_bytes(const dsv4_offload *o, int H, int D, int topk, int teacher, int threads);
+/* 1 when a layer of this cost under `size` ranks may move rows (the plan then decides which). */
+int dsv4_offload_enabled(const dsv4_token_cost *tc, int size);
+
+/* The most a rank holds while rows move, whatever its role (plan/memory.c: the memory planner does
+ * not build the pairing, which costs O(T) per call): the serving rank's batch buffers and a part's
+ * ids, windows, kv rows, lse, teacher rows and window sums, a part being at most a chunk
+ * (DSV4_CHUNK_ROWS rows of a rank of n_local). threads: the exact sums' copies. */
+size_t dsv4_offload_bytes_max(const dsv4_token_cost *tc, int64_t n_local, int H, int D, int teacher, int threads);
 
 #endif

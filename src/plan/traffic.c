@@ -123,9 +123,7 @@ static dsv4_status traffic_all(const dsv4_config *cfg, int layer, const dsv4_pac
   const int teacher = in.selects && cfg->index_loss_mode == DSV4_KL_SPARSE;
   for (int q = 0; q < size; q++) dsv4_offload_traffic(&off[q], cfg->n_heads, cfg->head_dim, cfg->index_topk, teacher, &out[q]);
 fail:
-  if (off)
-    for (int q = 0; q < size; q++) dsv4_offload_free(&off[q]);
-  free(off);
+  dsv4_offload_free_all(off, size);
   plan_free(&p);
   return rc;
 }
