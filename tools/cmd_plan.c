@@ -162,9 +162,8 @@ static void print_offload(const dsv4_cp_offload *off, int N) {
     after = (a > 1 ? a : 1 / a) > after ? (a > 1 ? a : 1 / a) : after;
   }
   if (!pairs) return;
-  printf("  attention rows moved (fast path): %d pair%s of ranks, %lld rows (at most %lld a pair); the pairs' "
-         "estimated work, heavier / lighter: %.3f before, %.3f after\n", pairs, pairs > 1 ? "s" : "", (long long)rows,
-         (long long)most, before, after);
+  printf("  attention rows moved (fast path): %d pair%s, %lld rows (%lld at most); pairs' estimated work heavier / "
+         "lighter %.3f -> %.3f\n", pairs, pairs > 1 ? "s" : "", (long long)rows, (long long)most, before, after);
 }
 
 /* One layer kind: message kinds (min / mean / max over ranks) and memory (the worst rank). */
