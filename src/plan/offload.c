@@ -181,7 +181,7 @@ dsv4_status dsv4_offload_plan(const dsv4_token_cost *tc, const dsv4_docs *docs, 
   for (int i = 0; i < size / 2; i++) {
     const int h = rk[i].q, l = rk[size - 1 - i].q;
     const double half = (rk[i].w - rk[size - 1 - i].w) / 2;
-    if (!(half > 0)) continue;
+    if (!(rk[i].w > DSV4_OFFLOAD_MIN_GAP * rk[size - 1 - i].w)) continue;
     dsv4_offload o = {.peer = l, .heavy = 1, .work = {rk[i].w, rk[size - 1 - i].w}};
     rc = pair_parts(tc, docs, &rows[h], &rows[l], half, &o);
     if (rc != DSV4_OK || o.n_part == 0) {

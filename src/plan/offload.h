@@ -31,6 +31,12 @@
  * and the gathers and softmax add to them (docs/perf.md). */
 #define DSV4_OFFLOAD_KEY_COST 1.25
 
+/* A pair moves rows only when its heavier rank's estimated work exceeds the lighter's by this
+ * factor: a move adds points where the heavy rank waits for the light one, and a few percent is
+ * what a core's speed moves by on a shared host (V4-Flash CSA at 1024 tokens, zigzag: 1.009, no
+ * move; at 4096: 1.071). */
+#define DSV4_OFFLOAD_MIN_GAP 1.02
+
 /* Rows of one of the heavy rank's row chunks (plan.h) whose attention moves: the end of the chunk,
  * rows of one segment. The heavy rank sends them in its call of that chunk; the light rank
  * computes them at the end of its own chunk of the same index (its last if it has fewer), so in

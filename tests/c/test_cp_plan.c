@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ops/placement.h"
+#include "plan/offload.h"
 #include "plan/plan.h"
 #include "plan/shard.h"
 #include "testutil.h"
@@ -635,6 +636,13 @@ static void plan_offload(void) {
   o[0] = (dsv4_cp_offload)DSV4_CP_OFFLOAD_INIT;
   tu_check(tu_ok(dsv4_cp_plan_offload(&flash, 2, &one, NULL, 1, o), "offload plan") && o[0].peer < 0,
            "offload: one rank moves nothing");
+  const dsv4_packing short_ = TU_PACKING(NULL, NULL, 0, 1024, 0);
+  const dsv4_cp_config zz = {DSV4_HEAD(dsv4_cp_config), .split = DSV4_SPLIT_ZIGZAG};
+  o[0] = o[1] = (dsv4_cp_offload)DSV4_CP_OFFLOAD_INIT;
+  tu_check(tu_ok(dsv4_cp_plan_offload(&flash, 2, &short_, &zz, 2, o), "offload plan") && o[0].peer < 0 &&
+               o[1].peer < 0,
+           "offload: V4-Flash CSA 1024 zigzag (the ranks' estimated work within %.0f%%) moves nothing",
+           100 * (DSV4_OFFLOAD_MIN_GAP - 1));
   setenv("DSV4_OFFLOAD", "0", 1);
   o[0] = o[1] = (dsv4_cp_offload)DSV4_CP_OFFLOAD_INIT;
   const int ok0 = tu_ok(dsv4_cp_plan_offload(&flash, 2, &one, NULL, 2, o), "offload plan");
