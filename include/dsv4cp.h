@@ -522,7 +522,8 @@ DSV4_API dsv4_status dsv4_cp_plan_flops(const dsv4_config *cfg, int layer, const
  * offload"): under CSA the late queries of a document attend to more keys than the early ones, so
  * an equal split of the tokens leaves some ranks more attention work; the heaviest rank's last
  * rows are computed by the lightest rank (the next heaviest by the next lightest, ...), as many as
- * halve the pair's difference of estimated work (the FLOP formula, attention weighted 1.25x). For
+ * halve the pair's difference of estimated work (the FLOP formula, attention weighted 1.25x; pairs
+ * within 2% move nothing). For
  * every rank of `size` (out: [size], the stride its first element's struct_size; cp may be NULL):
  * its peer (-1: it moves nothing), whether its rows move (heavy = 1) or it computes the peer's, how
  * many, and the pair's estimated work before the move (heavy, light) and the work that moves.

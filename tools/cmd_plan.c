@@ -1,7 +1,8 @@
 /* cmd_plan.c: `dsv4cp plan`: cluster sizing from the formulas of docs/cp.md evaluated on the actual
  * layouts, for one layer of each kind (or --layer): bytes each rank sends and receives per message
  * kind in one forward + backward (min / mean / max over ranks, what the benchmark measures
- * exactly), the work its rows give it (dsv4_cp_plan_flops: how evenly the split shares it), and
+ * exactly), the work its rows give it (dsv4_cp_plan_flops: how evenly the split shares it; under
+ * CSA the attention rows moved to even it out, dsv4_cp_plan_offload), and
  * what a rank holds in memory (weights, gradients, saved activations with their replicated
  * compressed part, transient buffers, the caller's inputs and outputs). --json writes every rank's
  * numbers; --memory-budget answers the longest sequence that fits. Runs on one process for any
@@ -274,7 +275,8 @@ int cmd_plan(cli_ctx *c, int argc, char **argv) {
       "Sizes a cluster for one layer of each kind in the config (or --layer): per rank, the bytes sent and\n"
       "received per message kind in one forward + backward with CP = N (min / mean / max over ranks), the\n"
       "work each rank's rows give it (the FLOP formula of docs/perf.md; max / mean is how evenly the split\n"
-      "shares it), and the memory of the largest rank: weights, gradients, saved activations (and their\n"
+      "shares it; under CSA, the attention rows the fast path moves between ranks to even it out), and the\n"
+      "memory of the largest rank: weights, gradients, saved activations (and their\n"
       "replicated compressed part, which grows with the sequence, not with the shard), transient buffers\n"
       "and the caller's inputs/outputs. Formulas of docs/cp.md on the actual layout; one process, any N.\n"
       "--layers A-B plans every layer of a (V4.1 source) group and their sum: activations and shared\n"

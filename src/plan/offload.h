@@ -8,8 +8,9 @@
  * rank holds the whole compressed kv (Stage 1's all-gather) and the weights, so any rank can
  * compute any query's attention given its q, its top-k ids and the raw kv rows of its window: the
  * planner pairs the heaviest rank with the lightest, the next with the next, and moves the
- * attention (forward and backward) of the end of the heavy rank's last segment to the light rank,
- * as many rows as halve the pair's difference of estimated work. The light rank runs the same
+ * attention (forward and backward) of as many rows as halve the pair's difference of estimated work
+ * to the light rank, a share from the end of each of the heavy rank's row chunks (pairs within
+ * DSV4_OFFLOAD_MIN_GAP move nothing). The light rank runs the same
  * kernels on the same values in the same order, so every result is the bits the heavy rank would
  * have computed (model/offload.c carries the rows).
  *
@@ -66,8 +67,8 @@ void dsv4_offload_free(dsv4_offload *o);
 void dsv4_offload_free_all(dsv4_offload *all, int n);
 
 /* Every rank's part, out[0 .. size) (each freed with dsv4_offload_free, also on failure): nothing
- * moves unless size > 1 and the layer attends through top-k (tc->sparse); nor with DSV4_OFFLOAD=0
- * in the environment (the same bits either way). */
+ * moves unless size > 1 and the layer attends through top-k (tc->sparse), nor between ranks within
+ * DSV4_OFFLOAD_MIN_GAP, nor with DSV4_OFFLOAD=0 in the environment (the same bits either way). */
 dsv4_status dsv4_offload_plan(const dsv4_token_cost *tc, const dsv4_docs *docs, const dsv4_packing *pk,
                               dsv4_split split, int size, dsv4_offload *out);
 
