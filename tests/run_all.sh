@@ -12,12 +12,13 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 export DSV4_GOLDEN=${DSV4_GOLDEN:-build/golden}
 # Open MPI 4.1's default messaging layer first opens its Omni-Path component, whose library sleeps
 # ~0.2 s per process in its constructor before the layer falls back to ob1 over shared memory on a
-# machine without that hardware; a singleton also forks a helper daemon. Asking for ob1 over shared
-# memory directly (the transport the tests ran on anyway) and for daemon-less singletons takes a
-# 2-rank start from 0.49 to 0.21 s, which the suite's ~1000 starts per pass add up.
+# machine without that hardware. Asking for ob1 over shared memory directly (the transport the tests
+# ran on anyway) takes a 2-rank start from 0.49 to 0.21 s, which the suite's ~1000 starts per pass
+# add up. One-process CLI runs make themselves daemon-less singletons without a session directory
+# (tools/dsv4cp.c); daemon-less singletons are not asked for here: they all take the same job name,
+# and Python helpers started side by side as such raced on its session directory (MPI_Init failed).
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
-export OMPI_MCA_ess_singleton_isolated=${OMPI_MCA_ess_singleton_isolated:-1}
 if [ "${DSV4_SANITIZED:-0}" = 1 ]; then
   # Leak checking is on for the C unit tests (they never start MPI). Programs that start Open MPI
   # report its plugins' allocations, kept until exit by design from unloaded modules that no

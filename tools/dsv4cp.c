@@ -45,7 +45,11 @@ static void choose_blas_kernels(char **argv) {
  * component, whose library's constructor sleeps ~0.2 s calibrating hardware most machines lack.
  * A one-process run talks to nobody, so unless the user set them, ask for a singleton without the
  * daemon and for the plain ob1 layer: start-up 0.45 -> 0.07 s on the test machine, the same
- * results (ob1 is what the default falls back to). Under a launcher nothing is changed. */
+ * results (ob1 is what the default falls back to). An isolated singleton always takes the same job
+ * name, so two started at once made and removed the same session directory
+ * (/tmp/ompi.<host>.<uid>/jf.0/1) and one of them, about 1 start in 200 with three running side by
+ * side, failed in MPI_Init with "mkdir ... File exists"; a lone process needs no session directory
+ * (no shared-memory peers), so none is made. Under a launcher nothing is changed. */
 static void quiet_singleton_mpi(void) {
   static const char *launched[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD",
                                    "SLURM_PROCID", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_RANK"};
@@ -53,6 +57,7 @@ static void quiet_singleton_mpi(void) {
     if (getenv(launched[i])) return;
   setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
   setenv("OMPI_MCA_pml", "ob1", 0);
+  setenv("OMPI_MCA_orte_create_session_dirs", "0", 0);
 }
 
 int main(int argc, char **argv) {
