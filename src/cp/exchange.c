@@ -312,11 +312,18 @@ dsv4_status dsv4_xfer_allgather(dsv4_xfer *x, dsv4_msg_kind k, const void *send,
   dsv4_status rc = DSV4_OK;
   dsv4_comm_req *rq = NULL;
   const double t0 = dsv4_xfer_now();
-  DSV4_TRY(dsv4_comm_iallgather(x->comm, send, recv, bytes, &rq));
+  DSV4_TRY(dsv4_xfer_iallgather(x, k, send, recv, bytes, &rq));
   DSV4_TRY(dsv4_comm_wait(x->comm, &rq, 1));
-  const uint64_t vol = (uint64_t)bytes * (uint64_t)(x->comm->size - 1);
-  account(x, k, vol, vol, 1, dsv4_xfer_now() - t0);
+  account(x, k, 0, 0, 0, dsv4_xfer_now() - t0);
 fail:
+  return rc;
+}
+
+dsv4_status dsv4_xfer_iallgather(dsv4_xfer *x, dsv4_msg_kind k, const void *send, void *recv, size_t bytes,
+                                 dsv4_comm_req **req) {
+  const dsv4_status rc = dsv4_comm_iallgather(x->comm, send, recv, bytes, req);
+  const uint64_t vol = (uint64_t)bytes * (uint64_t)(x->comm->size - 1);
+  if (rc == DSV4_OK) account(x, k, vol, vol, 1, 0);
   return rc;
 }
 

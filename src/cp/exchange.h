@@ -98,6 +98,9 @@ dsv4_status dsv4_xfer_irecv(dsv4_xfer *x, dsv4_msg_kind k, void *buf, size_t byt
 dsv4_status dsv4_xfer_wait(dsv4_xfer *x, dsv4_msg_kind k, dsv4_comm_req **reqs, int n);
 /* recv [N x bytes] = every rank's send; blocking. */
 dsv4_status dsv4_xfer_allgather(dsv4_xfer *x, dsv4_msg_kind k, const void *send, void *recv, size_t bytes);
+/* The same, started: complete it with dsv4_xfer_wait (which counts the time waited). */
+dsv4_status dsv4_xfer_iallgather(dsv4_xfer *x, dsv4_msg_kind k, const void *send, void *recv, size_t bytes,
+                                 dsv4_comm_req **req);
 /* recv [n] = the sum over ranks of send [rank * n ..], int64 (exact). */
 dsv4_status dsv4_xfer_reduce_scatter_i64(dsv4_xfer *x, dsv4_msg_kind k, const int64_t *send, int64_t *recv, size_t n);
 /* The same sums, this rank's slice handed to fin chunk by chunk while it is still in cache:

@@ -253,10 +253,11 @@ blocking dsv4_wg_blocks(const dsv4_wshape *s) {
 /* View v's product restricted to rows [m0, m0 + mb) and columns [n0, n0 + nb): fp32 into t [mb, nb].
  * Columns in blocks of sw (the last one narrower): every block gets the bits of a call of its own,
  * in one call for all of them where this BLAS allows (dsv4_blocks_merge: the rows' operand is then
- * packed once, not once per block), else one call per block. za: room for len x mb floats (the
- * masked A). */
-static void panel_product(const wview *v, int64_t m0, int64_t mb, int64_t n0, int64_t nb, int64_t sw, float *t,
-                          float *za, dsv4_impl impl) {
+ * packed once, not once per block), else one call per block. Rows in blocks of sm alike
+ * (dsv4_rowblocks_merge; blocks in one direction only: sm < mb needs nb <= sw). za: room for
+ * len x mb floats (the masked A). */
+static void panel_product(const wview *v, int64_t m0, int64_t mb, int64_t sm, int64_t n0, int64_t nb, int64_t sw,
+                          float *t, float *za, dsv4_impl impl) {
   const float *a = v->A + (m0 - v->a0);
   int64_t la = v->lda;
   if (v->keep) { /* padding rows: their A counts as zero */
@@ -269,7 +270,11 @@ static void panel_product(const wview *v, int64_t m0, int64_t mb, int64_t n0, in
   }
   const float *b = v->B + (n0 - v->b0);
   const int64_t last = nb - (nb - 1) / sw * sw; /* the narrowest block */
+  const int64_t mlast = mb - (mb - 1) / sm * sm; /* the lowest row block */
   if (impl == DSV4_IMPL_NAIVE) dsv4_gemm_tn_ref(mb, nb, v->len, 1.0f, a, la, b, v->ldb, 0.0f, t, nb);
+  else if (mb > sm && !dsv4_rowblocks_merge(mlast, nb, v->len))
+    for (int64_t r = 0; r < mb; r += sm)
+      dsv4_gemm_tn(mb - r < sm ? mb - r : sm, nb, v->len, 1.0f, a + r, la, b, v->ldb, 0.0f, t + r * nb, nb);
   else if (nb <= sw || dsv4_blocks_merge(mb, last, v->len))
     dsv4_gemm_tn(mb, nb, v->len, 1.0f, a, la, b, v->ldb, 0.0f, t, nb);
   else
@@ -283,19 +288,15 @@ int dsv4_wg_group(void) {
   return k >= 1 && k <= DSV4_WG_GROUP ? k : DSV4_WG_GROUP;
 }
 
-/* A strip of blocks of one block row: rows [m0, m0 + mb), columns [n0, n0 + nb) in blocks of sw
- * (the last one narrower), block i's exact sums at acc + i astride (rows of 2 wacc: hi, then lo at
- * wacc). Groups of G panels (G nb <= DSV4_WG_GROUP sw: the products fill what one block's group
- * would). Otherwise as dsv4_wg_block_sum. */
-static int strip_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_t n0, int64_t nb, int64_t sw,
-                     int64_t G, float *t, int64_t *acc, int64_t wacc, int64_t astride, int fresh, float *out,
-                     int64_t ldo, int beta, dsv4_impl impl) {
+int dsv4_wg_strip_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_t sm, int64_t n0, int64_t nb,
+                      int64_t sw, int64_t G, float *t, int64_t *acc, int64_t wacc, int64_t astride, int fresh,
+                      float *out, int64_t ldo, int beta, dsv4_impl impl) {
   const int64_t mn = mb * nb;
-  float *za = t + DSV4_WG_GROUP * mb * sw;
+  float *za = t + G * mn; /* past the group's products */
   const float *tr[DSV4_WG_GROUP];
   int bad = 0;
   if (out && nv <= G) { /* one group: no sums in memory */
-    for (int64_t q = 0; q < nv; q++) panel_product(&v[q], m0, mb, n0, nb, sw, t + q * mn, za, impl);
+    for (int64_t q = 0; q < nv; q++) panel_product(&v[q], m0, mb, sm, n0, nb, sw, t + q * mn, za, impl);
     for (int64_t r = 0; r < mb; r++) {
       for (int64_t q = 0; q < nv; q++) tr[q] = t + q * mn + r * nb;
       bad |= dsv4_xacc_sumk(out + r * ldo, tr, (int)nv, nb, beta);
@@ -304,7 +305,7 @@ static int strip_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_t
   }
   for (int64_t g0 = 0; g0 < nv || (fresh && g0 == 0); g0 += G) {
     const int64_t k = nv - g0 < G ? nv - g0 : G;
-    for (int64_t q = 0; q < k; q++) panel_product(&v[g0 + q], m0, mb, n0, nb, sw, t + q * mn, za, impl);
+    for (int64_t q = 0; q < k; q++) panel_product(&v[g0 + q], m0, mb, sm, n0, nb, sw, t + q * mn, za, impl);
     for (int64_t r = 0; r < mb; r++)
       for (int64_t c = 0, i = 0; c < nb; c += sw, i++) {
         int64_t *h = acc + i * astride + r * 2 * wacc;
@@ -323,7 +324,8 @@ static int strip_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_t
 
 int dsv4_wg_block_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_t n0, int64_t nb, float *t,
                       int64_t *acc, int64_t wacc, int fresh, float *out, int64_t ldo, int beta, dsv4_impl impl) {
-  return strip_sum(v, nv, m0, mb, n0, nb, nb, dsv4_wg_group(), t, acc, wacc, 0, fresh, out, ldo, beta, impl);
+  return dsv4_wg_strip_sum(v, nv, m0, mb, mb, n0, nb, nb, dsv4_wg_group(), t, acc, wacc, 0, fresh, out, ldo, beta,
+                           impl);
 }
 
 /* The products a block adds: every full run and every assembled panel. */
@@ -465,7 +467,7 @@ fail:
  * go into the sums in one group (a group of fewer panels reads and writes the sums more often, and
  * a strip's larger products leave the L2 cache: both cost more than the packing saved, docs/perf.md),
  * and as many as keep every thread busy, at most the superblock. */
-static int64_t strip_cap(int nt, int64_t nv) {
+int64_t dsv4_wg_strip_cap(int nt, int64_t nv) {
   int64_t c = (DSV4_WG_SUPER_BLOCKS + nt - 1) / (nt > 1 ? nt : 1);
   const int64_t fit = nv > 0 ? DSV4_WG_GROUP / nv : DSV4_WG_GROUP;
   const char *e = getenv("DSV4_WGRAD_STRIP");
@@ -474,7 +476,7 @@ static int64_t strip_cap(int nt, int64_t nv) {
   return c > 0 ? c : 1;
 }
 /* Panels per group of a strip of c blocks: its products take the room of one block's group. */
-static int64_t strip_group(int64_t c) {
+int64_t dsv4_wg_strip_group(int64_t c) {
   const int64_t g = DSV4_WG_GROUP / c, u = dsv4_wg_group();
   return g < u ? (g > 0 ? g : 1) : u;
 }
@@ -511,7 +513,7 @@ dsv4_status dsv4_wgrad_exact(dsv4_xfer *x, const dsv4_wshape *shape, const dsv4_
   const blocking bl = dsv4_wg_blocks(s);
   const int nt = dsv4_nthreads();
   const int64_t nblocks = bl.bm * bl.bn, per = bl.mb * 2 * bl.nb;
-  const int64_t tper = dsv4_wg_tfloats(&bl, s->P), cap = strip_cap(nt, n_views);
+  const int64_t tper = dsv4_wg_tfloats(&bl, s->P), cap = dsv4_wg_strip_cap(nt, n_views);
   /* One rank: each strip's value added to C as it is summed (sums in memory, one strip per thread,
    * only past one group of panels). N ranks: superblocks of DSV4_WG_SUPER_BLOCKS blocks whose exact
    * sums are reduce-scattered in N equal slices of rows, each rank rounding its slice, whose floats
@@ -521,7 +523,7 @@ dsv4_status dsv4_wgrad_exact(dsv4_xfer *x, const dsv4_wshape *shape, const dsv4_
   const int one = dsv4_wg_size(x) < 2, N = one ? 1 : x->comm->size;
   const int64_t sbk = DSV4_WG_SUPER_BLOCKS, w2 = 2 * bl.nb;
   const wsuper sup = dsv4_wg_super(&bl, sbk, N);
-  const int64_t n_acc = one ? (n_views > strip_group(cap) ? per * cap * nt : 0) : (N + 1) * sup.rows * w2;
+  const int64_t n_acc = one ? (n_views > dsv4_wg_strip_group(cap) ? per * cap * nt : 0) : (N + 1) * sup.rows * w2;
   DSV4_TRY(scratch(n_acc, tper * nt + (one ? 0 : (int64_t)(N + 1) * sup.fslice), &acc, &tb));
   float *fall = one ? NULL : tb + tper * nt;
   int64_t any_bad = 0;
@@ -541,8 +543,8 @@ dsv4_status dsv4_wgrad_exact(dsv4_xfer *x, const dsv4_wshape *shape, const dsv4_
       for (int64_t j = 0; !one && j < c; j++)
         if (k.mb < bl.mb || (j == c - 1 && kl.nb < bl.nb)) memset(a + j * per, 0, sizeof(int64_t) * (size_t)per);
       dsv4_blas_serial();
-      bad |= strip_sum(views, n_views, k.m0, k.mb, k.n0, kl.n0 + kl.nb - k.n0, bl.nb, strip_group(c), tb + id * tper,
-                       a, bl.nb, per, 1, one ? C + k.m0 * s->N + k.n0 : NULL, s->N, 1, impl);
+      bad |= dsv4_wg_strip_sum(views, n_views, k.m0, k.mb, k.mb, k.n0, kl.n0 + kl.nb - k.n0, bl.nb, dsv4_wg_strip_group(c),
+                               tb + id * tper, a, bl.nb, per, 1, one ? C + k.m0 * s->N + k.n0 : NULL, s->N, 1, impl);
     }
     if (one) {
       any_bad |= bad;
@@ -937,7 +939,7 @@ static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview 
    * against 0.2 s per 537 MB here) */
   const int fresh = !k->dused[b];
   if (last) { /* (reads dused: the sum so far) */
-    for (int64_t j = 0; j < nv; j++) panel_product(&v[j], q.m0, q.mb, q.n0, q.nb, q.nb, t + j * mn, za, impl);
+    for (int64_t j = 0; j < nv; j++) panel_product(&v[j], q.m0, q.mb, q.mb, q.n0, q.nb, q.nb, t + j * mn, za, impl);
     const int bad_last = dsum_last_block(k, &q, b, t, nv, fresh);
     k->dused[b] = 1;
     return bad_last;
@@ -945,7 +947,7 @@ static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview 
   if (nv > 0) k->dused[b] = 1;
   for (int64_t g0 = 0; g0 < nv; g0 += G) {
     const int64_t kk = nv - g0 < G ? nv - g0 : G;
-    for (int64_t j = 0; j < kk; j++) panel_product(&v[g0 + j], q.m0, q.mb, q.n0, q.nb, q.nb, t + j * mn, za, impl);
+    for (int64_t j = 0; j < kk; j++) panel_product(&v[g0 + j], q.m0, q.mb, q.mb, q.n0, q.nb, q.nb, t + j * mn, za, impl);
     for (int64_t r = 0; r < q.mb; r++) {
       for (int64_t j = 0; j < kk; j++) tr[j] = t + j * mn + r * q.nb;
       if (!k->promo[b]) {

@@ -110,6 +110,19 @@ static inline int64_t dsv4_wg_tfloats(const blocking *bl, int64_t P) {
  * added). Groups of dsv4_wg_group() panels. t: dsv4_wg_tfloats floats. Returns nonzero on a bad term. */
 int dsv4_wg_block_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_t n0, int64_t nb, float *t,
                       int64_t *acc, int64_t wacc, int fresh, float *out, int64_t ldo, int beta, dsv4_impl impl);
+/* A strip of blocks: rows [m0, m0 + mb) in blocks of sm, columns [n0, n0 + nb) in blocks of sw (the
+ * last ones smaller; blocks in one direction only), each block with the bits of its own call, in
+ * one BLAS call per panel where this BLAS allows. Groups of G panels, G mb nb <= DSV4_WG_GROUP x
+ * one block (the products fill what one block's group would); acc: block i's sums at
+ * acc + i astride (rows of 2 wacc) when nv > G; za, the masked A, after the group's products (t:
+ * G mb nb + P mb floats). Otherwise as dsv4_wg_block_sum. */
+int dsv4_wg_strip_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_t sm, int64_t n0, int64_t nb,
+                      int64_t sw, int64_t G, float *t, int64_t *acc, int64_t wacc, int64_t astride, int fresh,
+                      float *out, int64_t ldo, int beta, dsv4_impl impl);
+/* Blocks per strip for nv panels on nt threads (at most DSV4_WG_SUPER_BLOCKS / nt and
+ * DSV4_WG_GROUP / nv; DSV4_WGRAD_STRIP=c caps it), and the group of panels such a strip sums. */
+int64_t dsv4_wg_strip_cap(int nt, int64_t nv);
+int64_t dsv4_wg_strip_group(int64_t c);
 /* Every rank's list of `mine` runs (pairs g0, len): rank r's k-th at all[2 (r cmax + k)], cnt[r]
  * of them, total in all. Collective. */
 dsv4_status dsv4_wg_gather_lists(dsv4_xfer *x, const int64_t *pairs, int64_t mine, int64_t **all,

@@ -80,11 +80,15 @@ uint64_t dsv4_wg_rows_bytes(const dsv4_wshape *s, int N, int64_t mine, int threa
   uint64_t asm_rows = 2 * (uint64_t)N * P; /* straddling panels: at most two per shard piece */
   if (asm_rows > (uint64_t)s->T) asm_rows = (uint64_t)s->T;
   const uint64_t line = (uint64_t)(st.split_m ? bl.mb * s->N : s->M * bl.nb) + 1;
-  const uint64_t floats = foreign * (wS + wL) + m * (wS + (uint64_t)(N - 1) * wL) + asm_rows * (wide + wL) +
-                          (uint64_t)(N + 1) * line;
+  /* two steps in flight: their L rows, sent and received, and their lines (one all-gathered) */
+  const uint64_t floats = foreign * (wS + 2 * wL) + m * (wS + 2 * (uint64_t)(N - 1) * wL) + asm_rows * (wide + wL) +
+                          (uint64_t)(N + 2) * line;
   const int64_t panels = (s->T + s->P - 1) / s->P;
-  const uint64_t per_thread = sizeof(float) * (uint64_t)dsv4_wg_tfloats(&bl, s->P) +
-                              (panels > DSV4_WG_GROUP ? sizeof(int64_t) * (uint64_t)(2 * bl.mb * bl.nb) : 0);
+  const int64_t cs = dsv4_wg_strip_cap(threads > 1 ? threads : 1, panels);
+  const int64_t tfl = dsv4_wg_tfloats(&bl, s->P) + (st.split_m ? 0 : (cs - 1) * s->P * bl.mb);
+  const uint64_t per_thread = sizeof(float) * (uint64_t)tfl + (panels > dsv4_wg_strip_group(cs)
+                                                                   ? sizeof(int64_t) * (uint64_t)(2 * bl.mb * bl.nb * cs)
+                                                                   : 0);
   return sizeof(float) * floats + per_thread * (uint64_t)(threads > 1 ? threads : 1);
 }
 
@@ -116,6 +120,60 @@ void dsv4_wg_rows_traffic(const dsv4_wshape *s, int N, const int64_t *nrows, dsv
   }
 }
 
+/* Starts step k's rows into the buffers of parity k & 1: the other ranks' rows of this rank's line
+ * k columns into rL, this rank's rows of each other rank's line k columns (packed into sL) to it.
+ * rL / sL: two buffers of foreign x wL / (N - 1) x mine x wL floats; reqs: two sets of 2 N. */
+static dsv4_status post_lines(dsv4_xfer *x, const dsv4_wshape *s, const stripes *st, const wrun *runs, int64_t n_runs,
+                              int64_t k, int64_t mine, const int64_t *nrows, const int64_t *fo, float *rL, float *sL,
+                              dsv4_comm_req **reqs, int64_t *n_req) {
+  dsv4_status rc = DSV4_OK;
+  const int N = x->comm->size, me = x->comm->rank, b = (int)(k & 1), tag = ROWS_TAG + 1 + (int)(k % ROWS_TAGS);
+  const int64_t wL = st->step, Lb = stripe_lo(st, me, N) + k;
+  int64_t foreign = 0;
+  for (int r = 0; r < N; r++) foreign += r != me ? nrows[r] : 0;
+  float *rLb = rL + b * foreign * wL, *sLb = sL + b * (int64_t)(N - 1) * mine * wL;
+  dsv4_comm_req **rq = reqs + b * 2 * N;
+  if (Lb < stripe_lo(st, me + 1, N)) {
+    const int64_t w = lblock_width(s, st, Lb);
+    for (int r = 0; r < N; r++)
+      if (r != me && nrows[r])
+        DSV4_TRY(dsv4_xfer_irecv(x, ROWS, rLb + fo[r] * w, sizeof(float) * (size_t)(nrows[r] * w), r, tag,
+                                 &rq[(*n_req)++]));
+  }
+  for (int q = 0, slot = 0; q < N; q++) {
+    const int64_t Lq = stripe_lo(st, q, N) + k;
+    if (q == me || !mine || Lq >= stripe_lo(st, q + 1, N)) continue;
+    const int64_t wq = lblock_width(s, st, Lq);
+    float *dst = sLb + (int64_t)(slot++) * mine * wL;
+    dsv4_wg_pack_cols(runs, n_runs, st->split_m, Lq * st->step, wq, dst);
+    DSV4_TRY(dsv4_xfer_isend(x, ROWS, dst, sizeof(float) * (size_t)(mine * wq), q, tag, &rq[(*n_req)++]));
+  }
+fail:
+  return rc;
+}
+
+/* Step k's all-gathered lines (lines: N of line_max + 1 floats, the last one each line's flag)
+ * added into C; returns whether some rank's line had a bad term. */
+static int add_lines(const dsv4_wshape *s, const stripes *st, int N, int64_t k, const float *lines, int64_t line_max,
+                     float *C, int nt) {
+  int any_bad = 0;
+  for (int q = 0; q < N; q++) {
+    const float *lq = lines + (int64_t)q * (line_max + 1);
+    any_bad |= lq[line_max] != 0.0f;
+    const int64_t Lq = stripe_lo(st, q, N) + k;
+    if (Lq >= stripe_lo(st, q + 1, N)) continue;
+    const int64_t wq = lblock_width(s, st, Lq), cq = Lq * st->step;
+    const int64_t rows = st->split_m ? wq : s->M, cols = st->split_m ? s->N : wq;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) {
+      float *c = st->split_m ? C + (cq + r) * s->N : C + r * s->N + cq;
+      const float *xr = lq + r * cols;
+      for (int64_t e = 0; e < cols; e++) c[e] += xr[e];
+    }
+  }
+  return any_bad;
+}
+
 dsv4_status dsv4_wg_by_rows(dsv4_xfer *x, const dsv4_wshape *s, const wrun *runs, int64_t n_runs, float *C,
                             dsv4_impl impl, int *bad_out) {
   dsv4_status rc = DSV4_OK;
@@ -125,12 +183,12 @@ dsv4_status dsv4_wg_by_rows(dsv4_xfer *x, const dsv4_wshape *s, const wrun *runs
   const int64_t n_panels = (s->T + s->P - 1) / s->P, wL = st.step;
   int64_t *pairs = NULL, *all = NULL, *cnt = NULL, *nrows = NULL, *roff = NULL, *pn = NULL, *pidx = NULL;
   int64_t *prows = NULL, *fo = NULL;
-  int64_t cmax = 0, total = 0, n_req = 0, n_views = 0, asm_rows = 0;
+  int64_t cmax = 0, total = 0, n_req[2] = {0, 0}, n_views = 0, asm_rows = 0;
   float *sS = NULL, *rS = NULL, *sL = NULL, *rL = NULL, *pa = NULL, *pb = NULL, *line = NULL, *lines = NULL;
   float *tb = NULL;
   int64_t *accb = NULL;
   wview *views = NULL;
-  dsv4_comm_req **reqs = NULL;
+  dsv4_comm_req **reqs = NULL, *gather = NULL;
   int any_bad = 0;
   *bad_out = 0;
   DSV4_ALLOC(pairs, 2 * n_runs + 1);
@@ -165,19 +223,22 @@ dsv4_status dsv4_wg_by_rows(dsv4_xfer *x, const dsv4_wshape *s, const wrun *runs
   const int64_t mine = nrows[me], wa = st.split_m ? wL : s->M, wb = st.split_m ? s->N : wL;
   const int64_t line_max = st.split_m ? bl.mb * s->N : s->M * bl.nb;
   const int nt = dsv4_nthreads();
-  const int64_t tper = dsv4_wg_tfloats(&bl, s->P), aper = bl.mb * 2 * bl.nb;
+  /* strips of cs blocks (their masked A: up to cs row blocks of P rows); sums in memory past a group */
+  const int64_t cs = dsv4_wg_strip_cap(nt, n_views), Gs = dsv4_wg_strip_group(cs);
+  const int64_t tper = dsv4_wg_tfloats(&bl, s->P) + (st.split_m ? 0 : (cs - 1) * s->P * bl.mb);
+  const int64_t aper = bl.mb * 2 * bl.nb;
   DSV4_ALLOC(sS, mine * st.wS + 1);
   DSV4_ALLOC(rS, foreign * st.wS + 1);
-  DSV4_ALLOC(sL, (int64_t)(N - 1) * mine * wL + 1);
-  DSV4_ALLOC(rL, foreign * wL + 1);
+  DSV4_ALLOC(sL, 2 * (int64_t)(N - 1) * mine * wL + 1); /* two of each: steps k and k + 1 in flight */
+  DSV4_ALLOC(rL, 2 * foreign * wL + 1);
   DSV4_ALLOC(pa, asm_rows * wa + 1);
   DSV4_ALLOC(pb, asm_rows * wb + 1);
-  DSV4_ALLOC(line, line_max + 1);
+  DSV4_ALLOC(line, 2 * (line_max + 1)); /* step k's, and step k - 1's while it is all-gathered */
   DSV4_ALLOC(lines, (int64_t)N * (line_max + 1));
   DSV4_ALLOC(tb, tper * nt);
-  if (n_views > dsv4_wg_group()) DSV4_ALLOC(accb, aper * nt); /* sums in memory past one group */
+  if (n_views > Gs) DSV4_ALLOC(accb, aper * cs * nt);
   DSV4_ALLOC(views, n_views + 1);
-  DSV4_ALLOC(reqs, 2 * N + 1);
+  DSV4_ALLOC(reqs, 4 * N + 1); /* steps k and k + 1: 2 N each */
   /* where each rank's rows land here: rank r's at row fo[r] of rS / rL (this rank's own: none) */
   for (int64_t r = 0, at = 0; r < N; r++) fo[r] = at, at += r == me ? 0 : nrows[r];
   /* S: every rank's rows whole, once */
@@ -185,12 +246,12 @@ dsv4_status dsv4_wg_by_rows(dsv4_xfer *x, const dsv4_wshape *s, const wrun *runs
   for (int r = 0; r < N; r++)
     if (r != me && nrows[r])
       DSV4_TRY(dsv4_xfer_irecv(x, ROWS, rS + fo[r] * st.wS, sizeof(float) * (size_t)(nrows[r] * st.wS), r, ROWS_TAG,
-                               &reqs[n_req++]));
+                               &reqs[n_req[0]++]));
   for (int q = 0; q < N; q++)
     if (q != me && mine) DSV4_TRY(dsv4_xfer_isend(x, ROWS, sS, sizeof(float) * (size_t)(mine * st.wS), q, ROWS_TAG,
-                                                  &reqs[n_req++]));
-  DSV4_TRY(dsv4_xfer_wait(x, ROWS, reqs, (int)n_req));
-  n_req = 0;
+                                                  &reqs[n_req[0]++]));
+  DSV4_TRY(dsv4_xfer_wait(x, ROWS, reqs, (int)n_req[0]));
+  n_req[0] = 0;
   /* S's side of the panels that several pieces make, in row order: once, not once per line */
   for (int64_t p = 0, at = 0; p < n_panels; p++) {
     if (pn[p] < 2) continue;
@@ -204,27 +265,25 @@ dsv4_status dsv4_wg_by_rows(dsv4_xfer *x, const dsv4_wshape *s, const wrun *runs
       }
     at += extent(s, p);
   }
+  /* Step k: this rank's line k of blocks. The steps are pipelined: step k + 1's rows are sent
+   * before step k's products (into the other of two buffers) and step k's line is all-gathered while
+   * step k + 1 computes (two lines, one all-gathered buffer: the previous all-gather is complete
+   * before the next starts), so a rank that reaches a message first finds the other ranks' data
+   * there instead of waiting for them (MPI moves a message only inside MPI calls: the transfer itself
+   * is not hidden, the ranks' skew is). The same products and rounding as unpipelined. */
   const int64_t steps = (st.nL + N - 1) / N;
+  if (steps > 0) DSV4_TRY(post_lines(x, s, &st, runs, n_runs, 0, mine, nrows, fo, rL, sL, reqs, &n_req[0]));
   for (int64_t k = 0; k < steps; k++) {
-    const int tag = ROWS_TAG + 1 + (int)(k % ROWS_TAGS);
+    const int b = (int)(k & 1);
     const int64_t Lb = stripe_lo(&st, me, N) + k;
     const int have = Lb < stripe_lo(&st, me + 1, N);
     const int64_t w = have ? lblock_width(s, &st, Lb) : 0, c0 = Lb * st.step;
-    /* L: the other ranks' rows of this line's columns */
-    for (int r = 0; r < N && have; r++)
-      if (r != me && nrows[r])
-        DSV4_TRY(dsv4_xfer_irecv(x, ROWS, rL + fo[r] * w, sizeof(float) * (size_t)(nrows[r] * w), r, tag,
-                                 &reqs[n_req++]));
-    for (int q = 0, slot = 0; q < N; q++) {
-      const int64_t Lq = stripe_lo(&st, q, N) + k;
-      if (q == me || !mine || Lq >= stripe_lo(&st, q + 1, N)) continue;
-      const int64_t wq = lblock_width(s, &st, Lq);
-      float *dst = sL + (int64_t)(slot++) * mine * wL;
-      dsv4_wg_pack_cols(runs, n_runs, st.split_m, Lq * st.step, wq, dst);
-      DSV4_TRY(dsv4_xfer_isend(x, ROWS, dst, sizeof(float) * (size_t)(mine * wq), q, tag, &reqs[n_req++]));
-    }
-    DSV4_TRY(dsv4_xfer_wait(x, ROWS, reqs, (int)n_req));
-    n_req = 0;
+    const float *rLb = rL + b * foreign * wL;
+    float *lineb = line + b * (line_max + 1);
+    DSV4_TRY(dsv4_xfer_wait(x, ROWS, reqs + b * 2 * N, (int)n_req[b]));
+    n_req[b] = 0;
+    if (k + 1 < steps)
+      DSV4_TRY(post_lines(x, s, &st, runs, n_runs, k + 1, mine, nrows, fo, rL, sL, reqs, &n_req[1 - b]));
     int bad = 0;
     if (have) {
       /* the panels as the products read them: one piece in place, several assembled in row order */
@@ -239,9 +298,9 @@ dsv4_status dsv4_wg_by_rows(dsv4_xfer *x, const dsv4_wshape *s, const wrun *runs
             const wrun *ru = &runs[pidx[p] - r * cmax];
             views[v++] = (wview){ru->A, ru->B, ru->lda, ru->ldb, 0, 0, ru->len, dsv4_wg_run_masked(ru) ? ru->keep : NULL};
           } else if (st.split_m) {
-            views[v++] = (wview){rL + o * w, rS + o * st.wS, w, st.wS, c0, 0, extent(s, p), NULL};
+            views[v++] = (wview){rLb + o * w, rS + o * st.wS, w, st.wS, c0, 0, extent(s, p), NULL};
           } else {
-            views[v++] = (wview){rS + o * st.wS, rL + o * w, st.wS, w, 0, c0, extent(s, p), NULL};
+            views[v++] = (wview){rS + o * st.wS, rLb + o * w, st.wS, w, 0, c0, extent(s, p), NULL};
           }
           continue;
         }
@@ -254,42 +313,48 @@ dsv4_status dsv4_wg_by_rows(dsv4_xfer *x, const dsv4_wshape *s, const wrun *runs
             if (g0 / s->P != p) continue;
             const int64_t i0 = g0 - p * s->P;
             if (r == me) dsv4_wg_pack_cols(&runs[kk], 1, st.split_m, c0, w, PL + i0 * w);
-            else memcpy(PL + i0 * w, rL + (fo[r] + roff[r * cmax + kk]) * w, sizeof(float) * (size_t)(len * w));
+            else memcpy(PL + i0 * w, rLb + (fo[r] + roff[r * cmax + kk]) * w, sizeof(float) * (size_t)(len * w));
           }
         views[v++] = (wview){A, B, wA, wB, a0, b0, ext, NULL};
         at += ext;
       }
-      /* this line's blocks: every panel, exactly, rounded once into the line */
+      /* this line's blocks: every panel, exactly, rounded once into the line; a thread takes a strip
+       * of cs consecutive blocks (along a row of blocks, or down a column of them), one call per
+       * panel for the strip where this BLAS gives each block its own call's bits (wgrad.c) */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(| : bad)
-      for (int64_t j = 0; j < st.nS; j++) {
+      for (int64_t q = 0; q < (st.nS + cs - 1) / cs; q++) {
         dsv4_blas_serial();
-        const wblock q = dsv4_wg_block(s, &bl, st.split_m ? Lb * bl.bn + j : j * bl.bn + Lb);
+        const int64_t j0 = q * cs, c = st.nS - j0 < cs ? st.nS - j0 : cs;
+        const wblock f = dsv4_wg_block(s, &bl, st.split_m ? Lb * bl.bn + j0 : j0 * bl.bn + Lb);
+        const wblock l = dsv4_wg_block(s, &bl, st.split_m ? Lb * bl.bn + j0 + c - 1 : (j0 + c - 1) * bl.bn + Lb);
         const int id = dsv4_thread_id();
-        float *out = st.split_m ? line + q.n0 : line + q.m0 * w;
-        bad |= dsv4_wg_block_sum(views, v, q.m0, q.mb, q.n0, q.nb, tb + id * tper, accb ? accb + id * aper : NULL,
-                                 q.nb, 1, out, st.split_m ? s->N : w, 0, impl);
+        int64_t *acc = accb ? accb + id * aper * cs : NULL;
+        float *t = tb + id * tper;
+        if (st.split_m)
+          bad |= dsv4_wg_strip_sum(views, v, f.m0, f.mb, f.mb, f.n0, l.n0 + l.nb - f.n0, bl.nb, Gs, t, acc, bl.nb, aper, 1,
+                                   lineb + f.n0, s->N, 0, impl);
+        else
+          bad |= dsv4_wg_strip_sum(views, v, f.m0, l.m0 + l.mb - f.m0, bl.mb, f.n0, f.nb, f.nb, Gs, t, acc, f.nb, 0, 1,
+                                   lineb + f.m0 * w, w, 0, impl);
       }
     }
-    line[line_max] = bad != 0; /* the flag travels with the line */
-    DSV4_TRY(dsv4_xfer_allgather(x, DSV4_MSG_WGRAD_ALLGATHER, line, lines, sizeof(float) * (size_t)(line_max + 1)));
-    for (int q = 0; q < N; q++) {
-      const float *lq = lines + (int64_t)q * (line_max + 1);
-      any_bad |= lq[line_max] != 0.0f;
-      const int64_t Lq = stripe_lo(&st, q, N) + k;
-      if (Lq >= stripe_lo(&st, q + 1, N)) continue;
-      const int64_t wq = lblock_width(s, &st, Lq), cq = Lq * st.step;
-      const int64_t rows = st.split_m ? wq : s->M, cols = st.split_m ? s->N : wq;
-#pragma omp parallel for schedule(static) num_threads(nt)
-      for (int64_t r = 0; r < rows; r++) {
-        float *c = st.split_m ? C + (cq + r) * s->N : C + r * s->N + cq;
-        const float *x = lq + r * cols;
-        for (int64_t e = 0; e < cols; e++) c[e] += x[e];
-      }
+    lineb[line_max] = bad != 0; /* the flag travels with the line */
+    if (k > 0) { /* step k - 1's lines, now that step k's products are done */
+      DSV4_TRY(dsv4_xfer_wait(x, DSV4_MSG_WGRAD_ALLGATHER, &gather, 1));
+      any_bad |= add_lines(s, &st, N, k - 1, lines, line_max, C, nt);
     }
+    DSV4_TRY(dsv4_xfer_iallgather(x, DSV4_MSG_WGRAD_ALLGATHER, lineb, lines, sizeof(float) * (size_t)(line_max + 1),
+                                  &gather));
+  }
+  if (steps > 0) {
+    DSV4_TRY(dsv4_xfer_wait(x, DSV4_MSG_WGRAD_ALLGATHER, &gather, 1));
+    any_bad |= add_lines(s, &st, N, steps - 1, lines, line_max, C, nt);
   }
   *bad_out = any_bad;
 fail:
-  if (n_req) dsv4_comm_wait(x->comm, reqs, (int)n_req);
+  for (int b = 0; b < 2; b++) /* an error: every message started completes before its buffers go */
+    if (reqs && n_req[b]) dsv4_comm_wait(x->comm, reqs + b * 2 * N, (int)n_req[b]);
+  if (gather) dsv4_comm_wait(x->comm, &gather, 1);
   free(pairs), free(all), free(cnt), free(nrows), free(roff), free(pn), free(pidx), free(prows), free(fo);
   free(sS), free(rS), free(sL), free(rL), free(pa), free(pb), free(line), free(lines);
   free(tb), free(accb), free(views), free(reqs);

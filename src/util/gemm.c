@@ -173,7 +173,8 @@ void dsv4_panel_scratch_release(void) { dsv4_ws_free(&panel_cache); }
  * only when the probe below finds it so on this BLAS. DSV4_PANEL_MERGE=0 turns it off (tests
  * compare both). The same holds for N (columns) in the weight-gradient products A^T B: their 512 x
  * 512 blocks of a row of blocks share one call (dsv4_blocks_merge), which packs the shared operand
- * once instead of once per block. */
+ * once instead of once per block; and for their M (dsv4_rowblocks_merge: blocks of a column of
+ * blocks, which the CP rows path takes where its lines are columns of blocks). */
 #define MERGE_MIN_MNK (1LL << 23)
 /* At most 8 panels (4096 rows) per call: the weight is then packed once per 4096 rows; OpenBLAS's
  * packing buffer, which a call touches for about 1.2 KB per row (4.5 MB at 4096 rows, 0.6 MB for
@@ -188,10 +189,11 @@ static void probe_fill(float *x, int n, uint32_t seed) {
 
 /* One call against three calls of a third each, as the library makes them (single-threaded BLAS
  * inside a parallel region): tn 0, an NT projection's rows in three panels of 64 (N 256, K 512);
- * tn 1, a TN weight-gradient product's columns in three blocks of 128 (M 128, K 512). Each third
- * is 2^23 multiply-adds, the smallest product that merges. */
+ * tn 1, a TN weight-gradient product's columns in three blocks of 128 (M 128, K 512); tn 2, its
+ * rows in three blocks of 128 (N 128). Each third is 2^23 multiply-adds, the smallest product that
+ * merges. */
 static int merge_probe(int tn) {
-  const int M = tn ? 128 : 192, N = tn ? 384 : 256, K = 512;
+  const int M = tn == 1 ? 128 : tn == 2 ? 384 : 192, N = tn == 1 ? 384 : tn == 2 ? 128 : 256, K = 512;
   float *A = malloc(sizeof(float) * ((size_t)M * K + (size_t)N * K + 2 * (size_t)M * N));
   if (!A) return 0;
   float *B = A + M * K, *C1 = B + N * K, *C2 = C1 + M * N;
@@ -201,9 +203,12 @@ static int merge_probe(int tn) {
 #pragma omp master
     {
       dsv4_blas_serial();
-      if (tn) {
+      if (tn == 1) {
         dsv4_gemm_tn(M, N, K, 1.0f, A, M, B, N, 0.0f, C1, N);
         for (int c = 0; c < N; c += N / 3) dsv4_gemm_tn(M, N / 3, K, 1.0f, A, M, B + c, N, 0.0f, C2 + c, N);
+      } else if (tn == 2) {
+        dsv4_gemm_tn(M, N, K, 1.0f, A, M, B, N, 0.0f, C1, N);
+        for (int r = 0; r < M; r += M / 3) dsv4_gemm_tn(M / 3, N, K, 1.0f, A + r, M, B, N, 0.0f, C2 + r * N, N);
       } else {
         dsv4_gemm_nt(M, N, K, 1.0f, A, K, B, K, 0.0f, C1, N);
         for (int r = 0; r < M; r += M / 3) dsv4_gemm_nt(M / 3, N, K, 1.0f, A + r * K, K, B, K, 0.0f, C2 + r * N, N);
@@ -218,7 +223,7 @@ static int merge_probe(int tn) {
 /* The rule both merges share: the one-part call is large enough, DSV4_PANEL_MERGE is not 0, and the
  * probe of that kind passed (once per process; the race of two first callers is benign). */
 static int merges(int tn, int64_t M, int64_t N, int64_t K) {
-  static int probed[2] = {-1, -1};
+  static int probed[3] = {-1, -1, -1};
   if (M * N * K < MERGE_MIN_MNK) return 0;
   const char *e = getenv("DSV4_PANEL_MERGE");
   if (e && e[0] == '0') return 0;
@@ -233,6 +238,8 @@ static int merges(int tn, int64_t M, int64_t N, int64_t K) {
 int dsv4_panels_merge(int64_t P, int64_t N, int64_t K) { return merges(0, P, N, K); }
 
 int dsv4_blocks_merge(int64_t M, int64_t nb, int64_t K) { return merges(1, M, nb, K); }
+
+int dsv4_rowblocks_merge(int64_t mb, int64_t N, int64_t K) { return merges(2, mb, N, K); }
 
 /* Groups of partial runs, first fit over the last few groups (a shard has a handful of partial runs:
  * its ends, a zigzag chunk's ends). Positions in use are bits of a P-bit mask per group. */

@@ -39,6 +39,8 @@ int dsv4_panels_merge(int64_t P, int64_t N, int64_t K);
  * M x nb x K product may share one call, each getting the bits of a call of its own (the same rule,
  * its own probe; DSV4_PANEL_MERGE=0: never). */
 int dsv4_blocks_merge(int64_t M, int64_t nb, int64_t K);
+/* The same for mb-row blocks of a TN product (rows of A^T B, N columns, K rows of A and B). */
+int dsv4_rowblocks_merge(int64_t mb, int64_t N, int64_t K);
 
 /* Rows per projection panel for a stream of T_global tokens (same on every rank). */
 int64_t dsv4_panel_rows(int64_t T_global);

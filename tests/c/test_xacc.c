@@ -7,6 +7,7 @@
 
 #include "testutil.h"
 #include "model/wgrad.h"
+#include "model/wgrad_int.h"
 #include "util/gemm.h"
 #include "util/par.h"
 #include "util/xrows.h"
@@ -331,6 +332,45 @@ static void wgrad_strips(void) {
   }
 }
 
+/* A strip down a column of blocks (what the CP rows path's lines take: model/wgrad_rows.c): rows
+ * of 1100 (blocks of 512, 512 and 76) by one 512-column block, over two panels (512 + 388 rows, some
+ * rows masked as padding), in one call per panel where this BLAS merges row blocks
+ * (dsv4_rowblocks_merge; the suite runs this test under a kernel family where it does too), else
+ * one call per block: each block the bits of its own dsv4_wg_block_sum. Also with the sums in
+ * memory (groups of one panel). */
+static void wgrad_row_strips(void) {
+  const int64_t M = 1100, N = 512, P = 512, T = 900, mb = 512;
+  printf("note: weight-gradient row blocks share a call here: %s\n",
+         dsv4_rowblocks_merge(512, 512, 512) ? "yes" : "no (one call per block)");
+  tu_check(!dsv4_rowblocks_merge(64, 256, 500), "rowblocks_merge: a block under 2^23 multiply-adds never merges");
+  float *A = malloc(sizeof(float) * T * M), *B = malloc(sizeof(float) * T * N);
+  float *C0 = malloc(sizeof(float) * M * N), *C1 = malloc(sizeof(float) * M * N), *C2 = malloc(sizeof(float) * M * N);
+  const int64_t tf = 8 * M * N + P * M; /* the widest group's products and masked A */
+  float *t = malloc(sizeof(float) * tf);
+  int64_t *acc = malloc(sizeof(int64_t) * 2 * M * N);
+  uint8_t *keep = malloc((size_t)T);
+  for (int64_t i = 0; i < T; i++) keep[i] = i % 53 != 11;
+  tu_fill(A, T * M, 41, 1.0f);
+  tu_fill(B, T * N, 42, 1.0f);
+  const wview v[2] = {{A, B, M, N, 0, 0, 512, keep}, {A + 512 * M, B + 512 * N, M, N, 0, 0, T - 512, keep + 512}};
+  int bad = 0;
+  for (int64_t m0 = 0; m0 < M; m0 += mb) {
+    const int64_t h = M - m0 < mb ? M - m0 : mb;
+    bad |= dsv4_wg_block_sum(v, 2, m0, h, 0, N, t, acc, N, 1, C0 + m0 * N, N, 0, DSV4_IMPL_FAST);
+  }
+  bad |= dsv4_wg_strip_sum(v, 2, 0, M, mb, 0, N, N, 2, t, acc, N, 0, 1, C1, N, 0, DSV4_IMPL_FAST);
+  bad |= dsv4_wg_strip_sum(v, 2, 0, M, mb, 0, N, N, 1, t, acc, N, 0, 1, C2, N, 0, DSV4_IMPL_FAST);
+  tu_check(!bad, "row strips: no bad term");
+  const size_t bytes = sizeof(float) * (size_t)(M * N);
+  tu_check(!memcmp(C0, C1, bytes), "row strips: three row blocks, one group: the bits of a block at a time");
+  tu_check(!memcmp(C0, C2, bytes), "row strips: three row blocks, sums in memory: the bits of a block at a time");
+  /* not a tautology: the masked rows count as zero, so unmasking one row must change the sums */
+  keep[11] = 1;
+  dsv4_wg_strip_sum(v, 2, 0, M, mb, 0, N, N, 2, t, acc, N, 0, 1, C2, N, 0, DSV4_IMPL_FAST);
+  tu_check(memcmp(C0, C2, bytes) != 0, "row strips: a masked row counts as zero (unmasked, the sums change)");
+  free(A), free(B), free(C0), free(C1), free(C2), free(t), free(acc), free(keep);
+}
+
 /* A recomputed backward's product sinks hold doubles while they are exact and move a block to xacc
  * sums once an add is not (model/wgrad.c "double sums"). Against the whole product (xacc sums all
  * the way), chunk by chunk on 2 threads: a panel scaled by 2^-40 against the others in the first
@@ -527,6 +567,7 @@ static const tu_test TESTS[] = {
   {"backward", "rows-nn-panels", rows_nn_panels},
   {"backward", "wgrad-panels", wgrad_panels},
   {"backward", "wgrad-strips", wgrad_strips},
+  {"backward", "wgrad-row-strips", wgrad_row_strips},
   {"backward", "wgrad-double-sums", wgrad_double_sums},
 };
 
