@@ -156,6 +156,7 @@ fail:
  * added into C; returns whether some rank's line had a bad term. */
 static int add_lines(const dsv4_wshape *s, const stripes *st, int N, int64_t k, const float *lines, int64_t line_max,
                      float *C, int nt) {
+  (void)nt; /* read by the pragma only (a build without OpenMP has none) */
   int any_bad = 0;
   for (int q = 0; q < N; q++) {
     const float *lq = lines + (int64_t)q * (line_max + 1);
