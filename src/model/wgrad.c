@@ -543,8 +543,9 @@ dsv4_status dsv4_wgrad_exact(dsv4_xfer *x, const dsv4_wshape *shape, const dsv4_
       for (int64_t j = 0; !one && j < c; j++)
         if (k.mb < bl.mb || (j == c - 1 && kl.nb < bl.nb)) memset(a + j * per, 0, sizeof(int64_t) * (size_t)per);
       dsv4_blas_serial();
-      bad |= dsv4_wg_strip_sum(views, n_views, k.m0, k.mb, k.mb, k.n0, kl.n0 + kl.nb - k.n0, bl.nb, dsv4_wg_strip_group(c),
-                               tb + id * tper, a, bl.nb, per, 1, one ? C + k.m0 * s->N + k.n0 : NULL, s->N, 1, impl);
+      bad |= dsv4_wg_strip_sum(views, n_views, k.m0, k.mb, k.mb, k.n0, kl.n0 + kl.nb - k.n0, bl.nb,
+                               dsv4_wg_strip_group(c), tb + id * tper, a, bl.nb, per, 1,
+                               one ? C + k.m0 * s->N + k.n0 : NULL, s->N, 1, impl);
     }
     if (one) {
       any_bad |= bad;
@@ -947,7 +948,8 @@ static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview 
   if (nv > 0) k->dused[b] = 1;
   for (int64_t g0 = 0; g0 < nv; g0 += G) {
     const int64_t kk = nv - g0 < G ? nv - g0 : G;
-    for (int64_t j = 0; j < kk; j++) panel_product(&v[g0 + j], q.m0, q.mb, q.mb, q.n0, q.nb, q.nb, t + j * mn, za, impl);
+    for (int64_t j = 0; j < kk; j++)
+      panel_product(&v[g0 + j], q.m0, q.mb, q.mb, q.n0, q.nb, q.nb, t + j * mn, za, impl);
     for (int64_t r = 0; r < q.mb; r++) {
       for (int64_t j = 0; j < kk; j++) tr[j] = t + j * mn + r * q.nb;
       if (!k->promo[b]) {

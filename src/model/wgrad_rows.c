@@ -86,9 +86,8 @@ uint64_t dsv4_wg_rows_bytes(const dsv4_wshape *s, int N, int64_t mine, int threa
   const int64_t panels = (s->T + s->P - 1) / s->P;
   const int64_t cs = dsv4_wg_strip_cap(threads > 1 ? threads : 1, panels);
   const int64_t tfl = dsv4_wg_tfloats(&bl, s->P) + (st.split_m ? 0 : (cs - 1) * s->P * bl.mb);
-  const uint64_t per_thread = sizeof(float) * (uint64_t)tfl + (panels > dsv4_wg_strip_group(cs)
-                                                                   ? sizeof(int64_t) * (uint64_t)(2 * bl.mb * bl.nb * cs)
-                                                                   : 0);
+  const uint64_t acc = panels > dsv4_wg_strip_group(cs) ? (uint64_t)(2 * bl.mb * bl.nb * cs) : 0;
+  const uint64_t per_thread = sizeof(float) * (uint64_t)tfl + sizeof(int64_t) * acc;
   return sizeof(float) * floats + per_thread * (uint64_t)(threads > 1 ? threads : 1);
 }
 
@@ -332,11 +331,11 @@ dsv4_status dsv4_wg_by_rows(dsv4_xfer *x, const dsv4_wshape *s, const wrun *runs
         int64_t *acc = accb ? accb + id * aper * cs : NULL;
         float *t = tb + id * tper;
         if (st.split_m)
-          bad |= dsv4_wg_strip_sum(views, v, f.m0, f.mb, f.mb, f.n0, l.n0 + l.nb - f.n0, bl.nb, Gs, t, acc, bl.nb, aper, 1,
-                                   lineb + f.n0, s->N, 0, impl);
+          bad |= dsv4_wg_strip_sum(views, v, f.m0, f.mb, f.mb, f.n0, l.n0 + l.nb - f.n0, bl.nb, Gs, t, acc, bl.nb,
+                                   aper, 1, lineb + f.n0, s->N, 0, impl);
         else
-          bad |= dsv4_wg_strip_sum(views, v, f.m0, l.m0 + l.mb - f.m0, bl.mb, f.n0, f.nb, f.nb, Gs, t, acc, f.nb, 0, 1,
-                                   lineb + f.m0 * w, w, 0, impl);
+          bad |= dsv4_wg_strip_sum(views, v, f.m0, l.m0 + l.mb - f.m0, bl.mb, f.n0, f.nb, f.nb, Gs, t, acc, f.nb,
+                                   0, 1, lineb + f.m0 * w, w, 0, impl);
       }
     }
     lineb[line_max] = bad != 0; /* the flag travels with the line */
