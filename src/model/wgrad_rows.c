@@ -51,6 +51,12 @@ static int64_t lblock_width(const dsv4_wshape *s, const stripes *st, int64_t i) 
   return c0 + st->step <= L ? st->step : L - c0;
 }
 
+/* Floats of a thread's room for strips of cs blocks: a group's products and the masked A of up to cs
+ * row blocks (strips down a column of blocks). */
+static int64_t rows_tfloats(const blocking *bl, const stripes *st, int64_t P, int64_t cs) {
+  return dsv4_wg_tfloats(bl, P) + (st->split_m ? 0 : (cs - 1) * P * bl->mb);
+}
+
 int dsv4_wg_rows_cheaper(const dsv4_wshape *s, int N) {
   if (N < 2 || s->M <= 0 || s->N <= 0) return 0;
   /* DSV4_WGRAD_ROWS=always / never: a test's choice (the tests' tiny shapes would never take this
@@ -85,7 +91,7 @@ uint64_t dsv4_wg_rows_bytes(const dsv4_wshape *s, int N, int64_t mine, int threa
                           (uint64_t)(N + 2) * line;
   const int64_t panels = (s->T + s->P - 1) / s->P;
   const int64_t cs = dsv4_wg_strip_cap(threads > 1 ? threads : 1, panels);
-  const int64_t tfl = dsv4_wg_tfloats(&bl, s->P) + (st.split_m ? 0 : (cs - 1) * s->P * bl.mb);
+  const int64_t tfl = rows_tfloats(&bl, &st, s->P, cs);
   const uint64_t acc = panels > dsv4_wg_strip_group(cs) ? (uint64_t)(2 * bl.mb * bl.nb * cs) : 0;
   const uint64_t per_thread = sizeof(float) * (uint64_t)tfl + sizeof(int64_t) * acc;
   return sizeof(float) * floats + per_thread * (uint64_t)(threads > 1 ? threads : 1);
@@ -119,31 +125,27 @@ void dsv4_wg_rows_traffic(const dsv4_wshape *s, int N, const int64_t *nrows, dsv
   }
 }
 
-/* Starts step k's rows into the buffers of parity k & 1: the other ranks' rows of this rank's line
- * k columns into rL, this rank's rows of each other rank's line k columns (packed into sL) to it.
- * rL / sL: two buffers of foreign x wL / (N - 1) x mine x wL floats; reqs: two sets of 2 N. */
+/* Starts step k's rows: the other ranks' rows of this rank's line k columns into rL (rank r's at row
+ * fo[r]), this rank's rows of each other rank's line k columns packed into sL (a slot of mine x wL
+ * floats per rank) and sent to it; the requests go to rq[*n_req ..]. */
 static dsv4_status post_lines(dsv4_xfer *x, const dsv4_wshape *s, const stripes *st, const wrun *runs, int64_t n_runs,
                               int64_t k, int64_t mine, const int64_t *nrows, const int64_t *fo, float *rL, float *sL,
-                              dsv4_comm_req **reqs, int64_t *n_req) {
+                              dsv4_comm_req **rq, int64_t *n_req) {
   dsv4_status rc = DSV4_OK;
-  const int N = x->comm->size, me = x->comm->rank, b = (int)(k & 1), tag = ROWS_TAG + 1 + (int)(k % ROWS_TAGS);
-  const int64_t wL = st->step, Lb = stripe_lo(st, me, N) + k;
-  int64_t foreign = 0;
-  for (int r = 0; r < N; r++) foreign += r != me ? nrows[r] : 0;
-  float *rLb = rL + b * foreign * wL, *sLb = sL + b * (int64_t)(N - 1) * mine * wL;
-  dsv4_comm_req **rq = reqs + b * 2 * N;
+  const int N = x->comm->size, me = x->comm->rank, tag = ROWS_TAG + 1 + (int)(k % ROWS_TAGS);
+  const int64_t Lb = stripe_lo(st, me, N) + k;
   if (Lb < stripe_lo(st, me + 1, N)) {
     const int64_t w = lblock_width(s, st, Lb);
     for (int r = 0; r < N; r++)
       if (r != me && nrows[r])
-        DSV4_TRY(dsv4_xfer_irecv(x, ROWS, rLb + fo[r] * w, sizeof(float) * (size_t)(nrows[r] * w), r, tag,
+        DSV4_TRY(dsv4_xfer_irecv(x, ROWS, rL + fo[r] * w, sizeof(float) * (size_t)(nrows[r] * w), r, tag,
                                  &rq[(*n_req)++]));
   }
   for (int q = 0, slot = 0; q < N; q++) {
     const int64_t Lq = stripe_lo(st, q, N) + k;
     if (q == me || !mine || Lq >= stripe_lo(st, q + 1, N)) continue;
     const int64_t wq = lblock_width(s, st, Lq);
-    float *dst = sLb + (int64_t)(slot++) * mine * wL;
+    float *dst = sL + (int64_t)(slot++) * mine * st->step;
     dsv4_wg_pack_cols(runs, n_runs, st->split_m, Lq * st->step, wq, dst);
     DSV4_TRY(dsv4_xfer_isend(x, ROWS, dst, sizeof(float) * (size_t)(mine * wq), q, tag, &rq[(*n_req)++]));
   }
@@ -225,7 +227,7 @@ dsv4_status dsv4_wg_by_rows(dsv4_xfer *x, const dsv4_wshape *s, const wrun *runs
   const int nt = dsv4_nthreads();
   /* strips of cs blocks (their masked A: up to cs row blocks of P rows); sums in memory past a group */
   const int64_t cs = dsv4_wg_strip_cap(nt, n_views), Gs = dsv4_wg_strip_group(cs);
-  const int64_t tper = dsv4_wg_tfloats(&bl, s->P) + (st.split_m ? 0 : (cs - 1) * s->P * bl.mb);
+  const int64_t tper = rows_tfloats(&bl, &st, s->P, cs);
   const int64_t aper = bl.mb * 2 * bl.nb;
   DSV4_ALLOC(sS, mine * st.wS + 1);
   DSV4_ALLOC(rS, foreign * st.wS + 1);
@@ -272,18 +274,20 @@ dsv4_status dsv4_wg_by_rows(dsv4_xfer *x, const dsv4_wshape *s, const wrun *runs
    * there instead of waiting for them (MPI moves a message only inside MPI calls: the transfer itself
    * is not hidden, the ranks' skew is). The same products and rounding as unpipelined. */
   const int64_t steps = (st.nL + N - 1) / N;
+  const int64_t rLn = foreign * wL, sLn = (int64_t)(N - 1) * mine * wL; /* one parity's buffers */
   if (steps > 0) DSV4_TRY(post_lines(x, s, &st, runs, n_runs, 0, mine, nrows, fo, rL, sL, reqs, &n_req[0]));
   for (int64_t k = 0; k < steps; k++) {
     const int b = (int)(k & 1);
     const int64_t Lb = stripe_lo(&st, me, N) + k;
     const int have = Lb < stripe_lo(&st, me + 1, N);
     const int64_t w = have ? lblock_width(s, &st, Lb) : 0, c0 = Lb * st.step;
-    const float *rLb = rL + b * foreign * wL;
+    const float *rLb = rL + b * rLn;
     float *lineb = line + b * (line_max + 1);
     DSV4_TRY(dsv4_xfer_wait(x, ROWS, reqs + b * 2 * N, (int)n_req[b]));
     n_req[b] = 0;
     if (k + 1 < steps)
-      DSV4_TRY(post_lines(x, s, &st, runs, n_runs, k + 1, mine, nrows, fo, rL, sL, reqs, &n_req[1 - b]));
+      DSV4_TRY(post_lines(x, s, &st, runs, n_runs, k + 1, mine, nrows, fo, rL + (1 - b) * rLn, sL + (1 - b) * sLn,
+                          reqs + (1 - b) * 2 * N, &n_req[1 - b]));
     int bad = 0;
     if (have) {
       /* the panels as the products read them: one piece in place, several assembled in row order */
