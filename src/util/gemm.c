@@ -220,7 +220,7 @@ static int merge_probe(int tn) {
   return same;
 }
 
-/* The rule both merges share: the one-part call is large enough, DSV4_PANEL_MERGE is not 0, and the
+/* The rule every merge shares: the one-part call is large enough, DSV4_PANEL_MERGE is not 0, and the
  * probe of that kind passed (once per process; the race of two first callers is benign). */
 static int merges(int tn, int64_t M, int64_t N, int64_t K) {
   static int probed[3] = {-1, -1, -1};
