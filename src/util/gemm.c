@@ -78,7 +78,7 @@ int64_t dsv4_panel_rows(int64_t T_global) {
  * rank at T = 2 N P holds two half panels at complementary positions: one call instead of two. */
 typedef struct {
   int64_t first, count; /* runs order[first .. first + count) */
-  int whole;            /* the runs are consecutive full panels, contiguous in X and Y: one call of count P rows */
+  int whole;            /* the runs are full panels, contiguous in X and Y: one call of count P rows */
 } proj_call;
 
 /* Output row of local row r (yrow NULL: r itself). */
@@ -256,13 +256,15 @@ static void mask_set(uint64_t *m, int64_t a, int64_t b) {
   for (int64_t p = a; p < b; p++) m[p / 64] |= (uint64_t)1 << (p % 64);
 }
 
-/* Whether full run r continues full run r - 1 in one call of several panels: the next global panel,
- * the next local rows and (mapped) the next output rows, at most `cap` panels per call. */
-static int joins(const int64_t *glob, const int64_t *yrow, const int64_t *start, int64_t r, const proj_call *last,
-                 int64_t P, int64_t cap) {
+/* Whether full run r continues full run r - 1 in one call of several panels: the next local rows and
+ * (mapped) the next output rows, at most `cap` panels per call. The global panels need not be
+ * consecutive: a row's bits do not depend on the other rows of its call (the probe), so a zigzag
+ * rank's two chunks, which lie next to each other in its shard, share a call and the weight is
+ * packed once for both. */
+static int joins(const int64_t *yrow, const int64_t *start, int64_t r, const proj_call *last, int64_t P,
+                 int64_t cap) {
   const int64_t i = start[r];
-  return last && last->whole && last->count < cap && start[r - 1] + P == i && glob[i] == glob[i - 1] + 1 &&
-         (!yrow || yrow[i] == yrow[i - 1] + 1);
+  return last && last->whole && last->count < cap && start[r - 1] + P == i && (!yrow || yrow[i] == yrow[i - 1] + 1);
 }
 
 /* Fills calls (full runs first, then the groups) and order; returns the number of calls. Consecutive
@@ -274,7 +276,7 @@ static int64_t plan_calls(const int64_t *glob, const int64_t *yrow, const int64_
   for (int64_t r = 0; r < runs; r++) {
     if (start[r + 1] - start[r] != P) continue;
     proj_call *last = nc && order[no - 1] == r - 1 ? &calls[nc - 1] : NULL;
-    if (joins(glob, yrow, start, r, last, P, cap)) last->count++;
+    if (joins(yrow, start, r, last, P, cap)) last->count++;
     else calls[nc++] = (proj_call){no, 1, 1};
     order[no++] = r;
   }

@@ -134,8 +134,9 @@ static void merged_panels(void) {
              "proj_rows: %s: bitwise one call per panel", cases[c].what);
     dsv4_threads_leave(old);
   }
-  /* a zigzag rank's chunks (panels 0 and 4: not consecutive, two calls) and output rows that jump by
-   * 64 after two panels (the third panel must not join the second's call) */
+  /* a zigzag rank's chunks (panels 0 and 4: not consecutive in the stream but next to each other in
+   * the shard, so one call where panels merge) and output rows that jump by 64 after two panels (the
+   * third panel must not join the second's call) */
   int64_t gz[1024];
   for (int i = 0; i < 512; i++) gz[i] = i, gz[512 + i] = 2048 + i;
   float *Xz = malloc(sizeof(float) * 1024 * K);
