@@ -15,6 +15,7 @@
 #include "ops_fixtures.h"
 #include "ops/rmsnorm.h"
 #include "ops/sparse_attn.h"
+#include "ops/topk.h"
 #include "util/gemm.h"
 
 /* ============================================================================================
@@ -899,6 +900,40 @@ static void probe(void) {
   if (!g_bitwise) printf("note: this BLAS is not row-position invariant: invariance checked to 1e-5\n");
 }
 
+/* dsv4_topk_select against the contract's order by the simplest sort: lists full of exact ties,
+ * -0 beside +0 (equal scores: the smaller id first), -INFINITY and ids in random order, from one
+ * entry to past the merge sort's buffer (4096: the heap sort then). The order is strict, so the
+ * first k entries must be exactly the reference's, and the whole list a permutation of the input. */
+static void test_topk_order(void) {
+  static const int64_t sizes[][2] = {{1, 1}, {7, 3}, {9, 9}, {100, 17}, {513, 512}, {1024, 512}, {2048, 2048},
+                                     {3000, 512}, {4096, 4096}, {5000, 4500}};
+  static const float pool[] = {0.0f, -0.0f, 1.0f, -1.0f, 0.5f, -INFINITY, 3.0f, 1e-30f};
+  uint32_t st = 12345u;
+  for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
+    const int64_t n = sizes[c][0], k = sizes[c][1];
+    dsv4_scored *v = malloc(sizeof *v * n), *ref = malloc(sizeof *v * n), *a = malloc(sizeof *v * n);
+    for (int64_t i = 0; i < n; i++) { /* distinct ids in scrambled order; scores mostly tied */
+      st = st * 1664525u + 1013904223u;
+      const float sc = (st >> 29) < 6 ? pool[(st >> 8) % 8] : (float)((st >> 8) % 1000) / 7.0f;
+      v[i] = (dsv4_scored){sc, (int32_t)((i * 7919) % n)};
+    }
+    memcpy(ref, v, sizeof *v * n);
+    for (int64_t i = 1; i < n; i++) { /* insertion sort: the reference */
+      const dsv4_scored x = ref[i];
+      int64_t j = i;
+      for (; j > 0 && dsv4_scored_before(x, ref[j - 1]); j--) ref[j] = ref[j - 1];
+      ref[j] = x;
+    }
+    memcpy(a, v, sizeof *v * n);
+    dsv4_topk_select(a, n, k);
+    tu_check(!memcmp(a, ref, sizeof *v * k), "top-k select: n %lld, k %lld: the first k are the order's first k, same bits",
+             (long long)n, (long long)k);
+    dsv4_topk_select(a, n, n); /* the whole list sorted: a permutation of the input */
+    tu_check(!memcmp(a, ref, sizeof *v * n), "top-k select: n %lld: a permutation of the input", (long long)n);
+    free(v), free(ref), free(a);
+  }
+}
+
 static const tu_test TESTS[] = {
     {"rope", "contract", test_rope_window},
     {"rmsnorm", "fast-vs-naive", test_rmsnorm},
@@ -909,6 +944,7 @@ static const tu_test TESTS[] = {
     {"util", "contract", test_diff_keeps_nan},
     {"indexer", "contract", test_indexer_identical_keys},
     {"indexer", "candidates", test_indexer_candidates},
+    {"topk", "contract", test_topk_order},
     {"sparse_attn", "fast-vs-naive", test_sparse_attn},
     {"kl_loss", "fast-vs-naive", test_kl_forward},
     {"sparse_attn", "position-invariance", test_invariance_attn},
