@@ -267,7 +267,7 @@ static int joins(const int64_t *yrow, const int64_t *start, int64_t r, const pro
   return last && last->whole && last->count < cap && start[r - 1] + P == i && (!yrow || yrow[i] == yrow[i - 1] + 1);
 }
 
-/* Fills calls (full runs first, then the groups) and order; returns the number of calls. Consecutive
+/* Fills calls (full runs first, then the groups) and order; returns the number of calls. Adjacent
  * full panels share one call of up to `cap` panels (cap 1: one call per panel). */
 static int64_t plan_calls(const int64_t *glob, const int64_t *yrow, const int64_t *start, int64_t runs, int64_t P,
                           int64_t cap, proj_call *calls, int64_t *order, uint64_t (*mask)[MASK_WORDS],
