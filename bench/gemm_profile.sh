@@ -5,8 +5,10 @@
 # frame-pointer copy of the library and CLI in build-prof/ (bench/gemmprof.c wraps cblas_sgemm),
 # runs `dsv4cp bench` with the given options (default: CSA, 1024 tokens, CP = 1, one thread) and
 # prints bench/gemm_profile.py's table. Not part of `make bench` (the timers add nothing measurable,
-# but the frame-pointer build is not the shipped one).
+# but the frame-pointer build is not the shipped one). NP=2 (or more) runs it under mpirun, one thread
+# per rank, and prints rank 0's calls (each rank writes its own file).
 #   bench/gemm_profile.sh --layer 2 --seq 4096
+#   NP=2 bench/gemm_profile.sh --layer 3 --seq 4096 --split zigzag
 cd "$(dirname "$0")/.." || exit 2
 . bench/common.sh
 P=build-prof
@@ -21,5 +23,11 @@ mpicc -o $P/dsv4cp-gemmprof $P/obj/tools/*.o $P/libdsv4cp.a $P/gemmprof.o -Wl,--
 OUT=bench/out/gemmprof
 mkdir -p "$OUT"
 rm -f "$OUT"/sites.txt* "$OUT"/run.jsonl
-DSV4_GEMMPROF="$OUT/sites.txt" "$P/dsv4cp-gemmprof" bench --threads 1 --reps 2 "$@" --json "$OUT/run.jsonl" || exit 1
+RUN=""
+if [ "${NP:-1}" -gt 1 ]; then
+  # common.sh's mpirun, with this run's rank count; the profile's variables reach every rank
+  RUN="$(echo "$MPIRUN" | sed "s/-np 2/-np $NP/") -x DSV4_GEMMPROF"
+  [ -n "${OPENBLAS_CORETYPE:-}" ] && RUN="$RUN -x OPENBLAS_CORETYPE"
+fi
+DSV4_GEMMPROF="$OUT/sites.txt" $RUN "$P/dsv4cp-gemmprof" bench --threads 1 --reps 2 "$@" --json "$OUT/run.jsonl" || exit 1
 /usr/bin/python3 bench/gemm_profile.py "$P/dsv4cp-gemmprof" "$OUT/sites.txt" "$OUT/run.jsonl"
