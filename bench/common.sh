@@ -11,5 +11,8 @@ fi
 # A user's OPENBLAS_CORETYPE is kept; say at the start when it selects narrower kernels than this CPU
 # runs (`dsv4cp info`'s note: an inherited Haswell on AVX-512 halves every figure of a two-hour run).
 [ -x "${BUILD:-build}/dsv4cp" ] && { "${BUILD:-build}/dsv4cp" info 2>/dev/null | grep '^note:' >&2 || true; }
-MPIRUN="mpirun --quiet --oversubscribe --bind-to none -np 2"
-[ "$(id -u)" -eq 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+# MPIRUN_ANY: the same line without the rank count (bench/gemm_profile.sh's NP); ranks inherit the
+# environment set here
+MPIRUN_ANY="mpirun --quiet --oversubscribe --bind-to none"
+[ "$(id -u)" -eq 0 ] && MPIRUN_ANY="$MPIRUN_ANY --allow-run-as-root"
+MPIRUN="$MPIRUN_ANY -np 2"

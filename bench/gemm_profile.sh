@@ -24,10 +24,6 @@ OUT=bench/out/gemmprof
 mkdir -p "$OUT"
 rm -f "$OUT"/sites.txt* "$OUT"/run.jsonl
 RUN=""
-if [ "${NP:-1}" -gt 1 ]; then
-  # common.sh's mpirun, with this run's rank count; the profile's variables reach every rank
-  RUN="$(echo "$MPIRUN" | sed "s/-np 2/-np $NP/") -x DSV4_GEMMPROF"
-  [ -n "${OPENBLAS_CORETYPE:-}" ] && RUN="$RUN -x OPENBLAS_CORETYPE"
-fi
+[ "${NP:-1}" -gt 1 ] && RUN="$MPIRUN_ANY -np $NP"
 DSV4_GEMMPROF="$OUT/sites.txt" $RUN "$P/dsv4cp-gemmprof" bench --threads 1 --reps 2 "$@" --json "$OUT/run.jsonl" || exit 1
 /usr/bin/python3 bench/gemm_profile.py "$P/dsv4cp-gemmprof" "$OUT/sites.txt" "$OUT/run.jsonl"
