@@ -66,34 +66,60 @@ static inline int dsv4_xacc_addk_(int64_t *restrict hi, int64_t *restrict lo, co
   int bad = 0;
   int64_t e = 0;
 #ifdef __AVX512F__
-  /* eight terms per instruction; the same steps as the AVX2 loop below, except that lo's carries go
-   * into hi once per element after its k terms (an arithmetic shift: lo then holds at most
-   * 2^50 + k 2^49 in magnitude, far inside int64 for the k <= DSV4_WG_GROUP the library passes),
-   * not after every term: the same integers, so the same normalised (hi, lo) */
-  const __m512d in8 = _mm512_set1_pd(DSV4_XACC_IN), lim8 = _mm512_set1_pd(DSV4_XACC_LIMIT);
-  const __m512d magic8 = _mm512_set1_pd(DSV4_XACC_MAGIC), s50_8 = _mm512_set1_pd(0x1p50);
-  const __m512i mb8 = _mm512_set1_epi64(dsv4_xacc_bits(DSV4_XACC_MAGIC));
+  /* Sixteen elements per step, in two chains of eight (the same integers as the AVX2 loop below):
+   * - the scaling by 2^16 and 2^50 rides in the rounding constants: t + 1.5 2^36 rounds t to the
+   *   2^-16 grid (its integer count is a's) and b + 1.5 2^-14 rounds b to the 2^-66 grid (b's);
+   * - each term adds the raw bit patterns; the constants' patterns (k of each) are taken off once
+   *   per element, and int64 adds wrap, so the total is the same integer;
+   * - lo's carries go into hi once per element after its k terms (an arithmetic shift: lo then holds
+   *   at most 2^50 + k 2^49 in magnitude, far inside int64 for the k <= DSV4_WG_GROUP the library
+   *   passes), not after every term: the same integers, so the same normalised (hi, lo);
+   * - the range check is made on the floats, sixteen at a time (|t| < 2^24; false for NaN). */
+  const __m512d ma = _mm512_set1_pd(0x1.8p36), mlo = _mm512_set1_pd(0x1.8p-14);
+  const __m512 lim16 = _mm512_set1_ps(0x1p24f);
+  const __m512i ka = _mm512_set1_epi64((int64_t)((uint64_t)k * (uint64_t)dsv4_xacc_bits(0x1.8p36)));
+  const __m512i klo = _mm512_set1_epi64((int64_t)((uint64_t)k * (uint64_t)dsv4_xacc_bits(0x1.8p-14)));
   const __m512i mask8 = _mm512_set1_epi64(((int64_t)1 << DSV4_XACC_LO_BITS) - 1), zero8 = _mm512_setzero_si512();
-  __mmask8 bad8 = 0;
-  for (; e + 8 <= n; e += 8) {
-    __m512i l = fresh ? zero8 : _mm512_loadu_si512((const void *)(lo + e));
-    __m512i h = fresh ? zero8 : _mm512_loadu_si512((const void *)(hi + e));
-    for (int j = 0; j < k; j++) {
-      const __m512d u0 = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(t[j] + e)), in8);
-      const __mmask8 ok = _mm512_cmp_pd_mask(_mm512_abs_pd(u0), lim8, _CMP_LT_OQ); /* false for NaN */
-      bad8 |= (__mmask8)~ok;
-      const __m512d u = _mm512_maskz_mov_pd(ok, u0);
-      const __m512d ra = _mm512_add_pd(u, magic8), a = _mm512_sub_pd(ra, magic8);
-      const __m512d rb = _mm512_add_pd(_mm512_mul_pd(_mm512_sub_pd(u, a), s50_8), magic8);
-      l = _mm512_add_epi64(l, _mm512_sub_epi64(_mm512_castpd_si512(rb), mb8));
-      h = _mm512_add_epi64(h, _mm512_sub_epi64(_mm512_castpd_si512(ra), mb8));
+  __mmask16 bad16 = 0;
+  for (; e + 8 <= n; e += 16) {
+    const int two = e + 16 <= n; /* else the last eight */
+    const __mmask16 lanes = two ? 0xffff : 0x00ff;
+    __m512i l0 = fresh ? zero8 : _mm512_loadu_si512((const void *)(lo + e));
+    __m512i h0 = fresh ? zero8 : _mm512_loadu_si512((const void *)(hi + e));
+    __m512i l1 = zero8, h1 = zero8;
+    if (two && !fresh) {
+      l1 = _mm512_loadu_si512((const void *)(lo + e + 8));
+      h1 = _mm512_loadu_si512((const void *)(hi + e + 8));
     }
-    h = _mm512_add_epi64(h, _mm512_srai_epi64(l, DSV4_XACC_LO_BITS)); /* lo's carries: floor(lo / 2^50) */
-    l = _mm512_and_si512(l, mask8);
-    _mm512_storeu_si512((void *)(lo + e), l);
-    _mm512_storeu_si512((void *)(hi + e), h);
+    h0 = _mm512_sub_epi64(h0, ka), h1 = _mm512_sub_epi64(h1, ka);
+    l0 = _mm512_sub_epi64(l0, klo), l1 = _mm512_sub_epi64(l1, klo);
+    for (int j = 0; j < k; j++) {
+      const __m512 x = _mm512_maskz_loadu_ps(lanes, t[j] + e);
+      const __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(x), lim16, _CMP_LT_OQ);
+      bad16 |= (__mmask16)(~ok & lanes);
+      const __m512 y = _mm512_maskz_mov_ps(ok, x); /* a bad term adds zero */
+      const __m512d u0 = _mm512_cvtps_pd(_mm512_castps512_ps256(y));
+      const __m512d u1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)));
+      const __m512d ra0 = _mm512_add_pd(u0, ma), ra1 = _mm512_add_pd(u1, ma);
+      const __m512d rb0 = _mm512_add_pd(_mm512_sub_pd(u0, _mm512_sub_pd(ra0, ma)), mlo);
+      const __m512d rb1 = _mm512_add_pd(_mm512_sub_pd(u1, _mm512_sub_pd(ra1, ma)), mlo);
+      h0 = _mm512_add_epi64(h0, _mm512_castpd_si512(ra0)), h1 = _mm512_add_epi64(h1, _mm512_castpd_si512(ra1));
+      l0 = _mm512_add_epi64(l0, _mm512_castpd_si512(rb0)), l1 = _mm512_add_epi64(l1, _mm512_castpd_si512(rb1));
+    }
+    h0 = _mm512_add_epi64(h0, _mm512_srai_epi64(l0, DSV4_XACC_LO_BITS)); /* lo's carries: floor(lo / 2^50) */
+    l0 = _mm512_and_si512(l0, mask8);
+    _mm512_storeu_si512((void *)(lo + e), l0);
+    _mm512_storeu_si512((void *)(hi + e), h0);
+    if (!two) {
+      e += 8;
+      break;
+    }
+    h1 = _mm512_add_epi64(h1, _mm512_srai_epi64(l1, DSV4_XACC_LO_BITS));
+    l1 = _mm512_and_si512(l1, mask8);
+    _mm512_storeu_si512((void *)(lo + e + 8), l1);
+    _mm512_storeu_si512((void *)(hi + e + 8), h1);
   }
-  bad = bad8 != 0;
+  bad = bad16 != 0;
 #endif
 #ifdef __AVX2__
   const __m256d in = _mm256_set1_pd(DSV4_XACC_IN), lim = _mm256_set1_pd(DSV4_XACC_LIMIT);

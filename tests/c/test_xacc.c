@@ -70,7 +70,8 @@ static void order_independent(void) {
 
 /* The vector paths of dsv4_xacc_add (AVX-512 and AVX2 builds) give the scalar reference's bits, bad
  * terms included (refused by both wherever they fall in a vector), over rounds that make carries.
- * N = 8 k + 5: an AVX-512 build runs all three paths (1000 elements by eights, 4 by fours, 1 alone). */
+ * N = 16 k + 13: an AVX-512 build runs every path (992 elements by sixteens, 8 by eights, 4 by fours,
+ * 1 alone). */
 static void vector_is_scalar(void) {
   enum { N = 1005 };
   float *t = malloc(sizeof(float) * N);
@@ -93,8 +94,8 @@ static void vector_is_scalar(void) {
 #endif
   );
   /* a bad term alone in each path's part is seen (the flags of the paths are combined) */
-  for (int at = 0; at < 3; at++) {
-    const int e = at == 0 ? 8 : at == 1 ? 1001 : 1004; /* by eights (or fours), by fours, alone */
+  for (int at = 0; at < 4; at++) {
+    const int e = (const int[]){8, 995, 1001, 1004}[at]; /* by sixteens (or fours), eights, fours, alone */
     memset(v, 0, sizeof(int64_t) * 2 * N);
     for (int i = 0; i < N; i++) t[i] = 0.5f;
     t[e] = NAN;
