@@ -4,7 +4,9 @@
  * works. And the MPI transport's own int64 reduce-scatter (a ring of pairwise exchanges, in
  * messages of at most DSV4_COMM_RING_INT64) gives MPI_Reduce_scatter_block's sums, wrapping ones
  * included, over several messages; and the chunked one the weight gradients' sums take
- * (dsv4_xfer_reduce_scatter_i64_each). Rank 0 prints one PASS/FAIL line per case for the whole group. */
+ * (dsv4_xfer_reduce_scatter_i64_each). And the weight gradients' exact sums between ranks
+ * (dsv4_wgrad_exact) on shapes of several blocks and superblocks: one rank's bits. Rank 0 prints
+ * one PASS/FAIL line per case for the whole group. */
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +14,9 @@
 #include "cp/comm.h"
 #include "cp/exchange.h"
 #include "dsv4cp_mpi.h"
+#include "model/wgrad.h"
 #include "testutil.h"
+#include "util/par.h"
 #include "util/rng.h"
 
 #define T_TOKENS 32
@@ -129,6 +133,58 @@ static void chunked_sums(int rank, int size) {
   free(send), free(sums), free(want), free(in), free(p.got);
 }
 
+/* dsv4_wgrad_exact's sums path (DSV4_WGRAD_ROWS=never) over the ranks' shards of a 2600-row stream
+ * (5 panels of 512 and one of 40; the shards cut panels) against one rank's whole stream, bitwise,
+ * on every rank. Shapes of several blocks, which the layer tests' tiny weights never have: 6 blocks
+ * (superblocks of 4 and 2; the last one's strip lies across the ranks' slices at two ranks); 9 in
+ * block rows of 3 (strips across the slices) with a last block row of 476 rows; 4 with a last block
+ * column of 388 and a last block row of 188. Groups of 8 panels (a strip's sums in one pass) and
+ * of 2 (DSV4_WGRAD_GROUP=2: the sums in memory between groups). */
+static void wgrad_sums_paths(int rank, int size) {
+  static const int64_t shape[][2] = {{1536, 1024}, {1500, 1536}, {700, 900}};
+  static const char *const mode[][2] = {{NULL, NULL}, {"DSV4_WGRAD_GROUP", "2"}};
+  const int64_t T = 2600, P = 512, lo = T * rank / size, hi = T * (rank + 1) / size;
+  int64_t *glob = malloc(sizeof(int64_t) * T);
+  for (int64_t i = 0; glob && i < T; i++) glob[i] = i;
+  dsv4_xfer x = {0};
+  int ok = glob && dsv4_comm_create_mpi(&x.comm, MPI_COMM_WORLD) == DSV4_OK;
+  setenv("DSV4_WGRAD_ROWS", "never", 1); /* the sums path (these streams would send rows) */
+  const int old = dsv4_threads_enter(2);
+  for (size_t c = 0; c < sizeof shape / sizeof shape[0]; c++) {
+    const int64_t M = shape[c][0], N = shape[c][1];
+    float *A = malloc(sizeof(float) * T * M), *B = malloc(sizeof(float) * T * N);
+    float *one = calloc((size_t)(M * N), sizeof(float)), *cp = malloc(sizeof(float) * (size_t)(M * N));
+    int same = A && B && one && cp;
+    if (same) {
+      tu_fill(A, T * M, 11 + c, 1.0f);
+      tu_fill(B, T * N, 12 + c, 1.0f);
+    }
+    const dsv4_wshape sh = {M, N, P, T};
+    const dsv4_wpiece whole = {.n = T, .A = A, .B = B, .lda = M, .ldb = N, .glob = glob};
+    const dsv4_wpiece mine = {.n = hi - lo, .A = A + lo * M, .B = B + lo * N, .lda = M, .ldb = N, .glob = glob + lo};
+    same = same && dsv4_wgrad_exact(NULL, &sh, &whole, 1, one, DSV4_IMPL_FAST, "test") == DSV4_OK;
+    for (size_t m = 0; m < sizeof mode / sizeof mode[0]; m++) {
+      if (mode[m][0]) setenv(mode[m][0], mode[m][1], 1);
+      int got = 0;
+      if (cp) memset(cp, 0, sizeof(float) * (size_t)(M * N));
+      const dsv4_status st = cp ? dsv4_wgrad_exact(&x, &sh, &mine, 1, cp, DSV4_IMPL_FAST, "test") : DSV4_ERR_NOMEM;
+      got = same && st == DSV4_OK && !memcmp(one, cp, sizeof(float) * (size_t)(M * N));
+      if (mode[m][0]) unsetenv(mode[m][0]);
+      int all = 0;
+      MPI_Reduce(&got, &all, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+      if (rank == 0)
+        tu_check(all == size, "wgrad sums between ranks: %lld x %lld, %s: one rank's bits on %d of %d ranks",
+                 (long long)M, (long long)N, mode[m][0] ? "groups of 2" : "groups of 8", all, size);
+    }
+    free(A), free(B), free(one), free(cp);
+  }
+  dsv4_threads_leave(old);
+  unsetenv("DSV4_WGRAD_ROWS");
+  if (!ok && rank == 0) tu_fail("wgrad sums between ranks: set-up");
+  dsv4_comm_free(x.comm);
+  free(glob);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   int rank, size;
@@ -171,6 +227,7 @@ int main(int argc, char **argv) {
   destroy(&s);
   ring_sums(rank, size);
   chunked_sums(rank, size);
+  wgrad_sums_paths(rank, size);
   MPI_Finalize();
   return rank == 0 ? tu_finish() : 0;
 }
