@@ -10,7 +10,8 @@ Splits that SPEC 5 forbids (only T % N, or T % 2N for zigzag) and bad packing me
 loudly: a non-zero exit with one error line on EVERY rank, within seconds. Also: a randomized sweep
 of 160 packings in one `mpirun -np 8` (tests/c/mpitest_cp_sweep.c), random packings against the
 reference, `dsv4cp check`, the SGD loss equivalence of `dsv4cp train`, and the library-level
-agreement check (ranks given different inputs)."""
+checks of tests/c/mpitest_cp_agree.c (ranks given different inputs; the int64 reduce-scatters; the
+weight gradients' sums between ranks on weights of several blocks)."""
 import argparse
 import json
 import os
@@ -285,7 +286,8 @@ def test_loud_failures(build):
 
 
 def test_agreement(build):
-    """Library level: ranks that disagree on their inputs all get an error, nobody hangs."""
+    """Library level: ranks that disagree on their inputs all get an error, nobody hangs; the int64
+    reduce-scatters and the weight gradients' sums between ranks give one rank's bits."""
     exe = os.path.join(build, "tests", "mpitest_cp_agree")
     for n in (2, 3):
         t0 = time.time()
