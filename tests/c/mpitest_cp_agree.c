@@ -167,7 +167,7 @@ static void wgrad_sums_paths(int rank, int size) {
       if (mode[m][0]) setenv(mode[m][0], mode[m][1], 1);
       int got = 0;
       if (cp) memset(cp, 0, sizeof(float) * (size_t)(M * N));
-      const dsv4_status st = cp ? dsv4_wgrad_exact(&x, &sh, &mine, 1, cp, DSV4_IMPL_FAST, "test") : DSV4_ERR_NOMEM;
+      const dsv4_status st = ok && cp ? dsv4_wgrad_exact(&x, &sh, &mine, 1, cp, DSV4_IMPL_FAST, "test") : DSV4_ERR_NOMEM;
       got = same && st == DSV4_OK && !memcmp(one, cp, sizeof(float) * (size_t)(M * N));
       if (mode[m][0]) unsetenv(mode[m][0]);
       int all = 0;
