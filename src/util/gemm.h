@@ -5,8 +5,9 @@
  * the call it is, and not on the other rows (checked at run time by dsv4_blas_probe_invariance).
  * dsv4_proj_rows therefore computes token rows in panels of P rows aligned to GLOBAL multiples of
  * P, padding partial panels with zero rows: a token gets the same bits whether one rank or N
- * ranks compute it. Consecutive full panels of a large forward projection share one call (its rows
- * get their one-panel bits: dsv4_panels_merge), which packs the weight once instead of per panel. */
+ * ranks compute it. Full panels next to each other in a rank's shard (a zigzag rank's two chunks
+ * too) share one call of a large forward projection (its rows get their one-panel bits:
+ * dsv4_panels_merge), which packs the weight once instead of per panel. */
 #ifndef DSV4_GEMM_H
 #define DSV4_GEMM_H
 
@@ -31,7 +32,7 @@ void dsv4_gemm_nn_ref(int64_t M, int64_t N, int64_t K, float alpha, const float 
 void dsv4_gemm_tn_ref(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
-/* Whether consecutive full panels of a P x N x K projection (X W^T) may share one BLAS call: the
+/* Whether adjacent full panels of a P x N x K projection (X W^T) may share one BLAS call: the
  * product is large enough and this BLAS gives a row the same bits in a call of several panels as
  * in a call of one (probed once per process). DSV4_PANEL_MERGE=0 in the environment: never. */
 int dsv4_panels_merge(int64_t P, int64_t N, int64_t K);
