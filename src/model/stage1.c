@@ -36,20 +36,27 @@ static compressor_ids ids_of(const dsv4_stage_env *e, int which) {
 /* V4.1's r = 1 compressor has no gate: Z is not projected (the slot is its row). */
 static int gated(const dsv4_stage_env *e) { return !e->cfg->v41 || e->p->key.ratio > 1; }
 
+/* The row of C/Z_ext that holds local row i, for every i: a segment's own rows follow its halo. The
+ * segments tile the local rows in order (dsv4_layout_build: seg.lo is the rows before it). NULL: out
+ * of memory. */
+static int64_t *c_rows(const dsv4_layout *lay) {
+  int64_t *row = malloc(sizeof(int64_t) * (size_t)(lay->n + 1));
+  for (int s = 0; row && s < lay->n_seg; s++) {
+    const dsv4_seg *sg = &lay->seg[s];
+    for (int64_t i = 0; i < sg->len; i++) row[sg->lo + i] = sg->c_row + sg->c_halo + i;
+  }
+  return row;
+}
+
 /* Y rows of every segment (at its own rows of C/Z_ext) = X rows . W^T in the global panels, all
- * segments in one call so that their partial panels (a zigzag chunk's ends) share BLAS calls. The
- * segments tile the local rows in order (dsv4_layout_build: seg.lo is the rows before it). */
+ * segments in one call so that their partial panels (a zigzag chunk's ends) share BLAS calls. */
 static dsv4_status proj_segments(const dsv4_stage_env *e, float *Y, int64_t ldy, const float *X, const float *W,
                                  int64_t N) {
   dsv4_status rc = DSV4_OK;
   const dsv4_layout *lay = &e->p->lay;
   const int64_t K = e->cfg->dim;
-  int64_t *yrow = NULL;
-  DSV4_ALLOC(yrow, lay->n + 1);
-  for (int s = 0; s < lay->n_seg; s++) {
-    const dsv4_seg *sg = &lay->seg[s];
-    for (int64_t i = 0; i < sg->len; i++) yrow[sg->lo + i] = sg->c_row + sg->c_halo + i;
-  }
+  int64_t *yrow = c_rows(lay);
+  DSV4_CHECK(yrow, DSV4_ERR_NOMEM, "out of memory for %lld row indices", (long long)lay->n);
   DSV4_TRY(dsv4_proj_rows_map(Y, ldy, yrow, X, K, W, lay->n, N, K, e->p->global, e->p->panel, e->impl));
 fail:
   free(yrow);
@@ -169,6 +176,7 @@ dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const dsv4_
   const dsv4_kernels *K = dsv4_kernels_get(e->impl);
   const int cD = id.cD, d = e->cfg->dim, gate = gated(e);
   dsv4_wpiece *pc = NULL;
+  int64_t *xrow = NULL;
   DSV4_TRY(to_owners_exact(e, id.dim, g->x_out, g->x_all, g->x_blk, d_blk));
   memset(dC, 0, sizeof(float) * (size_t)(lay->R_c * cD));
   if (gate) memset(dZ, 0, sizeof(float) * (size_t)(lay->R_c * cD));
@@ -193,19 +201,17 @@ dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const dsv4_
   if (gate)
     DSV4_TRY(dsv4_wgrad_exact(e->x, &ws, pc + lay->n_seg, lay->n_seg, dsv4_w(grads, id.wgate), e->impl,
                               "compressor wgate"));
-  for (int s = 0; s < lay->n_seg; s++) {
-    const dsv4_seg *sg = &lay->seg[s];
-    const int64_t row = sg->c_row + sg->c_halo;
-    if (dx) {
-      const int64_t *glob = e->p->global + sg->lo, P = e->p->panel;
-      DSV4_TRY(dsv4_rows_nn(dx + sg->lo * d, d, dC + row * cD, cD, dsv4_w(e->w, id.wkv), d, sg->len, d, cD, glob, P, 1,
-                            e->impl));
-      if (gate)
-        DSV4_TRY(dsv4_rows_nn(dx + sg->lo * d, d, dZ + row * cD, cD, dsv4_w(e->w, id.wgate), d, sg->len, d, cD, glob,
-                              P, 1, e->impl));
-    }
+  if (dx) { /* every segment in one call (each row from its place after the segment's halo): the
+             * partial panels of a zigzag rank's two chunks share a call, as in the forward */
+    const int64_t *glob = e->p->global, P = e->p->panel;
+    xrow = c_rows(lay);
+    DSV4_CHECK(xrow, DSV4_ERR_NOMEM, "out of memory for %lld row indices", (long long)lay->n);
+    DSV4_TRY(dsv4_rows_nn_map(dx, d, dC, cD, xrow, dsv4_w(e->w, id.wkv), d, lay->n, d, cD, glob, P, 1, e->impl));
+    if (gate)
+      DSV4_TRY(dsv4_rows_nn_map(dx, d, dZ, cD, xrow, dsv4_w(e->w, id.wgate), d, lay->n, d, cD, glob, P, 1, e->impl));
   }
 fail:
+  free(xrow);
   free(pc);
   return rc;
 }

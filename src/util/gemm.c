@@ -81,8 +81,9 @@ typedef struct {
   int whole;            /* the runs are full panels, contiguous in X and Y: one call of count P rows */
 } proj_call;
 
-/* Output row of local row r (yrow NULL: r itself). */
+/* Output row of local row r (yrow NULL: r itself); its input row (xrow NULL: r itself). */
 static inline int64_t out_row(const int64_t *yrow, int64_t r) { return yrow ? yrow[r] : r; }
+static inline int64_t in_row(const int64_t *xrow, int64_t r) { return xrow ? xrow[r] : r; }
 
 /* The product of a panel call: Y = X W^T (nt: W is [N, K], a Linear weight) or Y = X W (W is
  * [K, N], the backward's dx = dY W), overwriting (beta 0) or added to Y (beta 1). An added panel
@@ -92,7 +93,7 @@ static inline int64_t out_row(const int64_t *yrow, int64_t r) { return yrow ? yr
 typedef struct {
   float *Y;
   int64_t ldy;
-  const int64_t *yrow;
+  const int64_t *yrow, *xrow;
   const float *X, *W;
   int64_t ldx, ldw, N, K;
   int nt, beta;
@@ -116,19 +117,19 @@ static void proj_call_run(const proj_op *o, const int64_t *glob, int64_t P, cons
                           const int64_t *order, const proj_call *c, float *xs, float *ys) {
   const int64_t r0 = order[c->first], K = o->K;
   if (c->whole) { /* full panels: X rows in place */
+    const float *x = o->X + in_row(o->xrow, start[r0]) * o->ldx;
     if (!o->beta) {
-      panel_gemm(o, c->count * P, o->X + start[r0] * o->ldx, o->ldx, o->Y + out_row(o->yrow, start[r0]) * o->ldy,
-                 o->ldy);
+      panel_gemm(o, c->count * P, x, o->ldx, o->Y + out_row(o->yrow, start[r0]) * o->ldy, o->ldy);
       return;
     }
-    panel_gemm(o, P, o->X + start[r0] * o->ldx, o->ldx, ys, o->N);
+    panel_gemm(o, P, x, o->ldx, ys, o->N);
     for (int64_t r = start[r0]; r < start[r0 + 1]; r++) put_row(o, r, ys + (glob[r] % P) * o->N);
     return;
   }
   memset(xs, 0, sizeof(float) * (size_t)(P * K));
   for (int64_t q = c->first; q < c->first + c->count; q++)
     for (int64_t r = start[order[q]]; r < start[order[q] + 1]; r++)
-      memcpy(xs + (glob[r] % P) * K, o->X + r * o->ldx, sizeof(float) * (size_t)K);
+      memcpy(xs + (glob[r] % P) * K, o->X + in_row(o->xrow, r) * o->ldx, sizeof(float) * (size_t)K);
   panel_gemm(o, P, xs, K, ys, o->N);
   for (int64_t q = c->first; q < c->first + c->count; q++)
     for (int64_t r = start[order[q]]; r < start[order[q] + 1]; r++) put_row(o, r, ys + (glob[r] % P) * o->N);
@@ -257,26 +258,26 @@ static void mask_set(uint64_t *m, int64_t a, int64_t b) {
 }
 
 /* Whether full run r continues full run r - 1 in one call of several panels: the next local rows and
- * (mapped) the next output rows, at most `cap` panels per call. The global panels need not be
+ * (mapped) the next input and output rows, at most `cap` panels per call. The global panels need not be
  * consecutive: a row's bits do not depend on the other rows of its call (the probe), so a zigzag
  * rank's two chunks, which lie next to each other in its shard, share a call and the weight is
  * packed once for both. */
-static int joins(const int64_t *yrow, const int64_t *start, int64_t r, const proj_call *last, int64_t P,
-                 int64_t cap) {
+static int joins(const proj_op *o, const int64_t *start, int64_t r, const proj_call *last, int64_t P, int64_t cap) {
   const int64_t i = start[r];
-  return last && last->whole && last->count < cap && start[r - 1] + P == i && (!yrow || yrow[i] == yrow[i - 1] + 1);
+  return last && last->whole && last->count < cap && start[r - 1] + P == i &&
+         out_row(o->yrow, i) == out_row(o->yrow, i - 1) + 1 && in_row(o->xrow, i) == in_row(o->xrow, i - 1) + 1;
 }
 
 /* Fills calls (full runs first, then the groups) and order; returns the number of calls. Adjacent
  * full panels share one call of up to `cap` panels (cap 1: one call per panel). */
-static int64_t plan_calls(const int64_t *glob, const int64_t *yrow, const int64_t *start, int64_t runs, int64_t P,
+static int64_t plan_calls(const int64_t *glob, const proj_op *o, const int64_t *start, int64_t runs, int64_t P,
                           int64_t cap, proj_call *calls, int64_t *order, uint64_t (*mask)[MASK_WORDS],
                           int64_t *group_of) {
   int64_t nc = 0, ng = 0, no = 0;
   for (int64_t r = 0; r < runs; r++) {
     if (start[r + 1] - start[r] != P) continue;
     proj_call *last = nc && order[no - 1] == r - 1 ? &calls[nc - 1] : NULL;
-    if (joins(yrow, start, r, last, P, cap)) last->count++;
+    if (joins(o, start, r, last, P, cap)) last->count++;
     else calls[nc++] = (proj_call){no, 1, 1};
     order[no++] = r;
   }
@@ -312,15 +313,16 @@ static dsv4_status panel_rows(const proj_op *o, int64_t n, const int64_t *glob, 
   proj_call *calls = NULL;
   uint64_t (*mask)[MASK_WORDS] = NULL;
   dsv4_workspace ws = {0};
-  const int64_t *yrow = o->yrow;
+  const int64_t *yrow = o->yrow, *xrow = o->xrow;
   DSV4_CHECK(P >= 1 && P <= PANEL_MAX_ROWS, DSV4_ERR_ARG, "projection: panel of %lld rows (1 .. %d)", (long long)P,
              PANEL_MAX_ROWS);
   /* Cut the rows into panel runs: a run ends at a global panel boundary, a gap in glob or (mapped
-   * output rows) a jump in yrow. */
+   * rows) a jump in yrow or xrow. */
   DSV4_ALLOC(start, n + 2);
   int64_t runs = 0;
   for (int64_t i = 0; i < n; i++)
-    if (i == 0 || glob[i] != glob[i - 1] + 1 || glob[i] % P == 0 || (yrow && yrow[i] != yrow[i - 1] + 1))
+    if (i == 0 || glob[i] != glob[i - 1] + 1 || glob[i] % P == 0 || (yrow && yrow[i] != yrow[i - 1] + 1) ||
+        (xrow && xrow[i] != xrow[i - 1] + 1))
       start[runs++] = i;
   start[runs] = n;
   DSV4_ALLOC(order, runs + 1);
@@ -336,7 +338,7 @@ static dsv4_status panel_rows(const proj_op *o, int64_t n, const int64_t *glob, 
   const int partial = full < runs;
   int64_t cap = o->nt && !o->beta && dsv4_panels_merge(P, o->N, o->K) ? (full + nt - 1) / nt : 1;
   cap = cap < MERGE_MAX_PANELS ? cap : MERGE_MAX_PANELS;
-  const int64_t ncalls = plan_calls(glob, yrow, start, runs, P, cap > 1 ? cap : 1, calls, order, mask, group_of);
+  const int64_t ncalls = plan_calls(glob, o, start, runs, P, cap > 1 ? cap : 1, calls, order, mask, group_of);
   const int scratch = o->beta || partial;
   float *xs = NULL, *ys = NULL;
   if (scratch) DSV4_TRY(panel_scratch(panel_carve(NULL, P, o->N, o->K, partial, &xs, &ys), nt, &ws));
@@ -372,12 +374,21 @@ dsv4_status dsv4_proj_rows_map(float *Y, int64_t ldy, const int64_t *yrow, const
 
 dsv4_status dsv4_rows_nn(float *Y, int64_t ldy, const float *X, int64_t ldx, const float *W, int64_t ldw, int64_t n,
                          int64_t N, int64_t K, const int64_t *glob, int64_t P, int beta, dsv4_impl impl) {
+  return dsv4_rows_nn_map(Y, ldy, X, ldx, NULL, W, ldw, n, N, K, glob, P, beta, impl);
+}
+
+dsv4_status dsv4_rows_nn_map(float *Y, int64_t ldy, const float *X, int64_t ldx, const int64_t *xrow, const float *W,
+                             int64_t ldw, int64_t n, int64_t N, int64_t K, const int64_t *glob, int64_t P, int beta,
+                             dsv4_impl impl) {
   if (n <= 0 || N <= 0) return DSV4_OK;
   if (impl == DSV4_IMPL_NAIVE) {
-    dsv4_gemm_nn_ref(n, N, K, 1.0f, X, ldx, W, ldw, beta ? 1.0f : 0.0f, Y, ldy);
+    if (!xrow) dsv4_gemm_nn_ref(n, N, K, 1.0f, X, ldx, W, ldw, beta ? 1.0f : 0.0f, Y, ldy);
+    for (int64_t i = 0; xrow && i < n; i++)
+      dsv4_gemm_nn_ref(1, N, K, 1.0f, X + xrow[i] * ldx, ldx, W, ldw, beta ? 1.0f : 0.0f, Y + i * ldy, ldy);
     return DSV4_OK;
   }
-  const proj_op o = {.Y = Y, .ldy = ldy, .X = X, .W = W, .ldx = ldx, .ldw = ldw, .N = N, .K = K, .beta = beta != 0};
+  const proj_op o = {.Y = Y, .ldy = ldy, .xrow = xrow, .X = X, .W = W, .ldx = ldx, .ldw = ldw, .N = N, .K = K,
+                     .beta = beta != 0};
   return panel_rows(&o, n, glob, P);
 }
 

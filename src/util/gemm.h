@@ -66,6 +66,13 @@ dsv4_status dsv4_proj_rows_map(float *Y, int64_t ldy, const int64_t *yrow, const
 dsv4_status dsv4_rows_nn(float *Y, int64_t ldy, const float *X, int64_t ldx, const float *W, int64_t ldw, int64_t n,
                          int64_t N, int64_t K, const int64_t *glob, int64_t P, int beta, dsv4_impl impl);
 
+/* The same with local row i's input at row xrow[i] of X (NULL: i), so that rows read from several
+ * places (a layout's segments, each after its halo) are computed together: partial panels of
+ * different segments then share calls. */
+dsv4_status dsv4_rows_nn_map(float *Y, int64_t ldy, const float *X, int64_t ldx, const int64_t *xrow, const float *W,
+                             int64_t ldw, int64_t n, int64_t N, int64_t K, const int64_t *glob, int64_t P, int beta,
+                             dsv4_impl impl);
+
 /* Frees the calling thread's panel scratch, which dsv4_proj_rows / dsv4_rows_nn keep between calls
  * (the layer's public calls release it on return). */
 void dsv4_panel_scratch_release(void);

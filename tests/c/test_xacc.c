@@ -220,6 +220,55 @@ static void rows_nn_panels(void) {
   dsv4_panel_scratch_release();
 }
 
+/* dx-style row products read from mapped input rows (dsv4_rows_nn_map: a layout's segments, each
+ * after its halo rows, in one call): a zigzag rank's two half panels, a shard of three segments, a
+ * full panel whose rows are not contiguous in X, and every row from its own place in reverse order
+ * give the whole stream's bits, on 1 and 2 threads; the naive path reads the same rows. */
+static void rows_nn_mapped(void) {
+  enum { N = 24, K = 40, T = 1024, GAP = 3 };
+  const int64_t P = dsv4_panel_rows(T);
+  float *X = malloc(sizeof(float) * T * K), *W = malloc(sizeof(float) * K * N), *Y0 = malloc(sizeof(float) * T * N);
+  float *Y = malloc(sizeof(float) * T * N), *Xm = calloc((size_t)(T + 8 * GAP) * K, sizeof(float));
+  float *Ym = malloc(sizeof(float) * T * N), *R = malloc(sizeof(float) * T * N);
+  int64_t glob[T], gs[T], xrow[T];
+  tu_fill(X, T * K, 11, 1.0f);
+  tu_fill(W, K * N, 12, 1.0f);
+  tu_fill(Y0, T * N, 13, 1.0f);
+  for (int i = 0; i < T; i++) glob[i] = i;
+  memcpy(Y, Y0, sizeof(float) * T * N);
+  tu_ok(dsv4_rows_nn(Y, N, X, K, W, N, T, N, K, glob, P, 1, DSV4_IMPL_FAST), "rows_nn whole stream");
+  static const struct { const char *what; int64_t seg[3][2]; int rev; } cases[] = {
+    {"zigzag rank 0 of 2 (half panels at complementary positions)", {{0, 256}, {768, 1024}}, 0},
+    {"zigzag rank 1 of 2", {{256, 512}, {512, 768}}, 0},
+    {"three segments, one across a panel boundary", {{5, 90}, {400, 700}, {1000, 1024}}, 0},
+    {"zigzag rank 0 of 2, rows read in reverse order", {{0, 256}, {768, 1024}}, 1},
+    {"a full panel read from two segments, then a full panel", {{0, 300}, {300, 1024}}, 0},
+    {"a full panel read in reverse order", {{0, 512}}, 1},
+  };
+  int same = 1, close = 1;
+  for (int threads = 1; threads <= 2; threads++)
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+      int64_t n = 0;
+      for (int s = 0; s < 3; s++)
+        for (int64_t g = cases[c].seg[s][0]; g < cases[c].seg[s][1]; g++, n++) gs[n] = g, xrow[n] = n + GAP * (s + 1);
+      for (int64_t i = 0; cases[c].rev && i < n; i++) xrow[i] = n + 4 * GAP - 1 - i;
+      for (int64_t i = 0; i < n; i++) memcpy(Xm + xrow[i] * K, X + gs[i] * K, sizeof(float) * K);
+      for (int64_t i = 0; i < n; i++) memcpy(Ym + i * N, Y0 + gs[i] * N, sizeof(float) * N);
+      memcpy(R, Ym, sizeof(float) * (size_t)n * N);
+      const int old = dsv4_threads_enter(threads);
+      tu_ok(dsv4_rows_nn_map(Ym, N, Xm, K, xrow, W, N, n, N, K, gs, P, 1, DSV4_IMPL_FAST), "rows_nn_map");
+      tu_ok(dsv4_rows_nn_map(R, N, Xm, K, xrow, W, N, n, N, K, gs, P, 1, DSV4_IMPL_NAIVE), "rows_nn_map naive");
+      dsv4_threads_leave(old);
+      for (int64_t i = 0; i < n; i++) same &= !memcmp(Ym + i * N, Y + gs[i] * N, sizeof(float) * N);
+      for (int64_t i = 0; i < n * N; i++) close &= fabsf(R[i] - Ym[i]) <= 1e-4f * (1.0f + fabsf(R[i]));
+    }
+  tu_check(same, "rows_nn_map: zigzag halves, three segments, split and reversed full panels, 1 and 2 threads: the "
+                 "whole stream's bits");
+  tu_check(close, "rows_nn_map: the naive path reads the same mapped rows (within 1e-4)");
+  free(X), free(W), free(Y0), free(Y), free(Xm), free(Ym), free(R);
+  dsv4_panel_scratch_release();
+}
+
 /* Weight gradients over global panels (model/wgrad.h), one rank: the rows given whole, or in
  * pieces that cut panels (assembled again), or chunk by chunk into a sink, on 1 or 2 threads, give
  * the same bits; and they are the product (reference loops, tolerance). Shapes of 1 and several
@@ -566,6 +615,7 @@ static const tu_test TESTS[] = {
   {"xacc", "refuses-bad-terms", refuses_bad_terms},
   {"xacc", "rows-any-threads", rows_any_threads},
   {"backward", "rows-nn-panels", rows_nn_panels},
+  {"backward", "rows-nn-mapped", rows_nn_mapped},
   {"backward", "wgrad-panels", wgrad_panels},
   {"backward", "wgrad-strips", wgrad_strips},
   {"backward", "wgrad-row-strips", wgrad_row_strips},
