@@ -214,10 +214,11 @@ fail:
 }
 
 /* The output projection's backward for rows [i0, i0 + m) (steps 9 and 8): d u (kept for wo_a's
- * weight gradient, or with recomputation added to its sinks here) and d o [m, H, D] (written into
- * dop) for the core. */
+ * weight gradient, or with recomputation added to its sinks here; du_ready: already in u's rows,
+ * output_du_all) and d o [m, H, D] (written into dop) for the core. */
 static dsv4_status output_backward(dsv4_layer *l, dsv4_weights *grads, const float *dout, const float *o,
-                                   const dsv4_layer_bwd_scratch *bs, dsv4_wsinks *ks, int64_t i0, int64_t m) {
+                                   const dsv4_layer_bwd_scratch *bs, dsv4_wsinks *ks, int64_t i0, int64_t m,
+                                   int du_ready) {
   dsv4_status rc = DSV4_OK;
   const dsv4_config *cf = &l->cfg;
   const int64_t d = cf->dim, H = cf->n_heads, D = cf->head_dim, G = cf->o_groups, Ro = cf->o_lora_rank;
@@ -229,13 +230,15 @@ static dsv4_status output_backward(dsv4_layer *l, dsv4_weights *grads, const flo
   /* du: into u's rows (wo_b's product is done, u is dead) for wo_a's product at the end; with
    * recomputation o is not kept, so wo_a's product goes into its sinks chunk by chunk */
   float *du = l->ko ? l->sv.u + i0 * G * Ro : bs->du;
-  /* padding rows have no output, so their dout is ignored */
-  for (int64_t i = 0; i < m; i++) {
-    if (p->real[i0 + i]) memcpy(g + i * d, dout + (i0 + i) * d, sizeof(float) * (size_t)d);
-    else memset(g + i * d, 0, sizeof(float) * (size_t)d);
+  if (!du_ready) {
+    /* padding rows have no output, so their dout is ignored */
+    for (int64_t i = 0; i < m; i++) {
+      if (p->real[i0 + i]) memcpy(g + i * d, dout + (i0 + i) * d, sizeof(float) * (size_t)d);
+      else memset(g + i * d, 0, sizeof(float) * (size_t)d);
+    }
+    /* out = wo_b u;  u_g = wo_a[g] op_g (wo_b's gradient: layer_backward, before the chunks) */
+    DSV4_TRY(dsv4_rows_nn(du, G * Ro, g, d, dsv4_w(w, W_WO_B), G * Ro, m, G * Ro, d, glob, P, 0, l->impl));
   }
-  /* out = wo_b u;  u_g = wo_a[g] op_g (wo_b's gradient: layer_backward, before the chunks) */
-  DSV4_TRY(dsv4_rows_nn(du, G * Ro, g, d, dsv4_w(w, W_WO_B), G * Ro, m, G * Ro, d, glob, P, 0, l->impl));
   /* dop holds the rotated output op group by group; each group's columns serve dW first and are
    * then overwritten by that group's d op */
   for (int64_t gi = 0; gi < G; gi++) {
@@ -270,16 +273,14 @@ fail:
  * RMSNorm's backward dv = s dy - s^3 b (dy . b) / D becomes, using b = RoPE^T(q) / s and that a
  * rotation keeps dot products ((RoPE^T dq) . (RoPE^T q) = dq . q):
  *   db = s RoPE^T(dq - (dq . q / D) q)   -- one dot, one update, one inverse rotation.
- * (V4.1: no norm, db = RoPE^T(dq).) Then b = wq_b qr, qr = RMSNorm_{q_norm}(a), a = wq_a x: weight
- * gradients and dx rows. */
-static dsv4_status query_backward(dsv4_layer *l, dsv4_weights *grads, float *dq_, const float *q, const float *sb,
-                                  float *dqr, float *dx, float *t, dsv4_wsinks *ks, int64_t i0, int64_t m) {
+ * (V4.1: no norm, db = RoPE^T(dq).) db is written over dq, added to wq_b's sinks (recomputation)
+ * or kept in q's rows (default mode) for wq_b's product at the end. */
+static dsv4_status query_backward_db(dsv4_layer *l, dsv4_weights *grads, float *dq_, const float *q, const float *sb,
+                                     dsv4_wsinks *ks, int64_t i0, int64_t m) {
   dsv4_status rc = DSV4_OK;
   const dsv4_config *cf = &l->cfg;
-  const int64_t d = cf->dim, H = cf->n_heads, D = cf->head_dim, dq = cf->q_lora_rank;
-  const dsv4_weights *w = l->w;
+  const int64_t H = cf->n_heads, D = cf->head_dim, dq = cf->q_lora_rank;
   const dsv4_plan *p = l->plan;
-  const int64_t *glob = p->global + i0, P = p->panel;
   const int head_norm = l->dm.head_norm;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m; i++)
@@ -293,12 +294,28 @@ static dsv4_status query_backward(dsv4_layer *l, dsv4_weights *grads, float *dq_
       dsv4_rope_apply(&p->rope, dh, (int)D, p->pos[i0 + i], 1);
     }
   if (!l->kq) {
-    const dsv4_wpiece pc = {.n = m, .A = dq_, .lda = H * D, .B = l->sv.qr + i0 * dq, .ldb = dq, .glob = glob};
+    const dsv4_wpiece pc = {.n = m, .A = dq_, .lda = H * D, .B = l->sv.qr + i0 * dq, .ldb = dq, .glob = p->global + i0};
     DSV4_TRY(dsv4_wsinks_product(ks, dsv4_w(grads, W_WQ_B), &pc));
   }
-  DSV4_TRY(dsv4_rows_nn(dqr, dq, dq_, H * D, dsv4_w(w, W_WQ_B), dq, m, dq, H * D, glob, P, 0, l->impl));
   /* dq kept (default mode: in q's rows, dead now) for wq_b's product at the end */
   if (l->kq) memcpy(l->kq + i0 * H * D, dq_, sizeof(float) * (size_t)(m * H * D));
+fail:
+  return rc;
+}
+
+/* The rest of the query path's backward for rows [i0, i0 + m), from their db (rows of H D, over dq):
+ * b = wq_b qr, qr = RMSNorm_{q_norm}(a), a = wq_a x: d qr (into dqr, then a's rows), q_norm's terms
+ * and the dx rows. Rows of several chunks at once where db is kept (default mode): their products
+ * then share calls (util/gemm.h: merged panels, the same bits as one chunk at a time). */
+static dsv4_status query_backward_rows(dsv4_layer *l, dsv4_weights *grads, const float *db, float *dqr, float *dx,
+                                       float *t, dsv4_wsinks *ks, int64_t i0, int64_t m) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_config *cf = &l->cfg;
+  const int64_t d = cf->dim, H = cf->n_heads, D = cf->head_dim, dq = cf->q_lora_rank;
+  const dsv4_weights *w = l->w;
+  const dsv4_plan *p = l->plan;
+  const int64_t *glob = p->global + i0, P = p->panel;
+  DSV4_TRY(dsv4_rows_nn(dqr, dq, db, H * D, dsv4_w(w, W_WQ_B), dq, m, dq, H * D, glob, P, 0, l->impl));
   float *dqn = dsv4_w(grads, W_Q_NORM);
   for (int64_t i = 0; i < m; i++) { /* serial: d q_norm's terms in row order (exact sums) */
     memset(t, 0, sizeof(float) * (size_t)dq);
@@ -309,6 +326,40 @@ static dsv4_status query_backward(dsv4_layer *l, dsv4_weights *grads, float *dq_
   /* d qr into a's rows (dead now) for wq_a's product at the end */
   memcpy(l->sv.a + i0 * dq, dqr, sizeof(float) * (size_t)(m * dq));
   DSV4_TRY(dsv4_rows_nn(dx + i0 * d, d, dqr, dq, dsv4_w(w, W_WQ_A), d, m, d, dq, glob, P, 1, l->impl));
+fail:
+  return rc;
+}
+
+/* Default mode's products over many rows (no recomputation: u's rows and dq are kept whole). d u =
+ * dout wo_b for every row at once, into u's rows once wo_b's gradient has read them; padding rows
+ * have no output: their d u is zero, as a zero dout row gives (a zero row of a product is +0). */
+static dsv4_status output_du_all(dsv4_layer *l, const float *dout) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_config *cf = &l->cfg;
+  const int64_t d = cf->dim, GRo = cf->o_groups * cf->o_lora_rank;
+  const dsv4_plan *p = l->plan;
+  float *du = l->sv.u;
+  DSV4_TRY(dsv4_rows_nn(du, GRo, dout, d, dsv4_w(l->w, W_WO_B), GRo, p->n, GRo, d, p->global, p->panel, 0, l->impl));
+  for (int64_t i = 0; i < p->n; i++)
+    if (!p->real[i]) memset(du + i * GRo, 0, sizeof(float) * (size_t)GRo);
+fail:
+  return rc;
+}
+
+/* ... and the query path's rows after the chunks, in stretches of whole chunks whose d qr fits the
+ * chunk's d o scratch (dead now: at V4-Flash sizes 16 of 512 rows). */
+static dsv4_status query_rows_all(dsv4_layer *l, dsv4_weights *grads, float *scratch, int64_t cap, float *dx,
+                                  float *t, dsv4_wsinks *ks) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_plan *p = l->plan;
+  const int64_t HD = l->cfg.n_heads * l->cfg.head_dim;
+  for (int64_t k = 0; k < p->n_chunk;) {
+    int64_t e = k + 1;
+    while (e < p->n_chunk && p->chunk[e + 1] - p->chunk[k] <= cap) e++;
+    const int64_t i0 = p->chunk[k], m = p->chunk[e] - i0;
+    DSV4_TRY(query_backward_rows(l, grads, l->kq + i0 * HD, scratch, dx, t, ks, i0, m));
+    k = e;
+  }
 fail:
   return rc;
 }
@@ -386,6 +437,12 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
    * tensors lent to them meanwhile. */
   const int wo_b_last = !l->kq;
   if (!wo_b_last) DSV4_TRY(wprod(l, dsv4_w(grads, W_WO_B), d, G * Ro, dout, d, l->sv.u, G * Ro, p->real, "wo_b"));
+  /* Default mode: d u and the query path's rows over many chunks at once (output_du_all,
+   * query_rows_all), which the chunks' row products give bit for bit; the d qr of a stretch lives
+   * in the chunk's d o scratch, dead after the chunks */
+  const int64_t stretch = l->dm.m * H * D / dq;
+  const int many = !l->recompute && stretch >= l->dm.m;
+  if (many) DSV4_TRY(output_du_all(l, dout));
   /* the same chunks with or without recomputation, so both give the same bits (plan.h) */
   for (int64_t k = 0; k < p->n_chunk; k++) {
     const int64_t i0 = p->chunk[k], m = p->chunk[k + 1] - i0;
@@ -395,11 +452,14 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
       DSV4_TRY(queries(l, bs.q, bs.sb, i0, m));
       DSV4_TRY(dsv4_core_bwd_recompute(core, i0, m, bs.q, bs.o));
     }
-    DSV4_TRY(output_backward(l, grads, dout, o, &bs, ks, i0, m));
+    DSV4_TRY(output_backward(l, grads, dout, o, &bs, ks, i0, m, many));
     /* the core writes dq over d o, query by query (allowed: dq may alias d_o) */
     DSV4_TRY(dsv4_core_bwd_rows(core, i0, m, q, o, bs.dop, bs.dop));
-    DSV4_TRY(query_backward(l, grads, bs.dop, q, sb, bs.dqr, dx, t, ks, i0, m));
+    DSV4_TRY(query_backward_db(l, grads, bs.dop, q, sb, ks, i0, m));
+    if (!many) DSV4_TRY(query_backward_rows(l, grads, bs.dop, bs.dqr, dx, t, ks, i0, m));
   }
+  /* (before the core's end: every row's first dx term is still wq_a's, as one chunk at a time) */
+  if (many) DSV4_TRY(query_rows_all(l, grads, bs.dop, stretch, dx, t, ks));
   /* kv = RoPE(RMSNorm_{kv_norm}(c)), c = wkv x: once every query (and other ranks' halos) added to dkv */
   float *dkv = bs.dkv;
   DSV4_TRY(dsv4_core_bwd_end(core, dkv, dx));

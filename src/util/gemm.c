@@ -191,7 +191,8 @@ static void probe_fill(float *x, int n, uint32_t seed) {
 /* One call against three calls of a third each, as the library makes them (single-threaded BLAS
  * inside a parallel region): tn 0, an NT projection's rows in three panels of 64 (N 256, K 512);
  * tn 1, a TN weight-gradient product's columns in three blocks of 128 (M 128, K 512); tn 2, its
- * rows in three blocks of 128 (N 128). Each third is 2^23 multiply-adds, the smallest product that
+ * rows in three blocks of 128 (N 128); tn 3, an NN row product's rows (the backward's dx = dY W) in
+ * three panels of 64 (N 256, K 512). Each third is 2^23 multiply-adds, the smallest product that
  * merges. */
 static int merge_probe(int tn) {
   const int M = tn == 1 ? 128 : tn == 2 ? 384 : 192, N = tn == 1 ? 384 : tn == 2 ? 128 : 256, K = 512;
@@ -210,6 +211,9 @@ static int merge_probe(int tn) {
       } else if (tn == 2) {
         dsv4_gemm_tn(M, N, K, 1.0f, A, M, B, N, 0.0f, C1, N);
         for (int r = 0; r < M; r += M / 3) dsv4_gemm_tn(M / 3, N, K, 1.0f, A + r, M, B, N, 0.0f, C2 + r * N, N);
+      } else if (tn == 3) {
+        dsv4_gemm_nn(M, N, K, 1.0f, A, K, B, N, 0.0f, C1, N);
+        for (int r = 0; r < M; r += M / 3) dsv4_gemm_nn(M / 3, N, K, 1.0f, A + r * K, K, B, N, 0.0f, C2 + r * N, N);
       } else {
         dsv4_gemm_nt(M, N, K, 1.0f, A, K, B, K, 0.0f, C1, N);
         for (int r = 0; r < M; r += M / 3) dsv4_gemm_nt(M / 3, N, K, 1.0f, A + r * K, K, B, K, 0.0f, C2 + r * N, N);
@@ -224,7 +228,7 @@ static int merge_probe(int tn) {
 /* The rule every merge shares: the one-part call is large enough, DSV4_PANEL_MERGE is not 0, and the
  * probe of that kind passed (once per process; the race of two first callers is benign). */
 static int merges(int tn, int64_t M, int64_t N, int64_t K) {
-  static int probed[3] = {-1, -1, -1};
+  static int probed[4] = {-1, -1, -1, -1};
   if (M * N * K < MERGE_MIN_MNK) return 0;
   const char *e = getenv("DSV4_PANEL_MERGE");
   if (e && e[0] == '0') return 0;
@@ -237,6 +241,8 @@ static int merges(int tn, int64_t M, int64_t N, int64_t K) {
 }
 
 int dsv4_panels_merge(int64_t P, int64_t N, int64_t K) { return merges(0, P, N, K); }
+
+int dsv4_nn_panels_merge(int64_t P, int64_t N, int64_t K) { return merges(3, P, N, K); }
 
 int dsv4_blocks_merge(int64_t M, int64_t nb, int64_t K) { return merges(1, M, nb, K); }
 
@@ -336,7 +342,8 @@ static dsv4_status panel_rows(const proj_op *o, int64_t n, const int64_t *glob, 
   int64_t full = 0; /* full panels; the rest are partial */
   for (int64_t r = 0; r < runs; r++) full += start[r + 1] - start[r] == P;
   const int partial = full < runs;
-  int64_t cap = o->nt && !o->beta && dsv4_panels_merge(P, o->N, o->K) ? (full + nt - 1) / nt : 1;
+  const int merge = !o->beta && (o->nt ? dsv4_panels_merge(P, o->N, o->K) : dsv4_nn_panels_merge(P, o->N, o->K));
+  int64_t cap = merge ? (full + nt - 1) / nt : 1;
   cap = cap < MERGE_MAX_PANELS ? cap : MERGE_MAX_PANELS;
   const int64_t ncalls = plan_calls(glob, o, start, runs, P, cap > 1 ? cap : 1, calls, order, mask, group_of);
   const int scratch = o->beta || partial;

@@ -6,8 +6,9 @@
  * dsv4_proj_rows therefore computes token rows in panels of P rows aligned to GLOBAL multiples of
  * P, padding partial panels with zero rows: a token gets the same bits whether one rank or N
  * ranks compute it. Full panels next to each other in a rank's shard (a zigzag rank's two chunks
- * too) share one call of a large forward projection (its rows get their one-panel bits:
- * dsv4_panels_merge), which packs the weight once instead of per panel. */
+ * too) share one call of a large forward projection or of a backward row product that is not added
+ * to its output (its rows get their one-panel bits: dsv4_panels_merge, dsv4_nn_panels_merge), which
+ * packs the weight once instead of per panel. */
 #ifndef DSV4_GEMM_H
 #define DSV4_GEMM_H
 
@@ -36,6 +37,8 @@ void dsv4_gemm_tn_ref(int64_t M, int64_t N, int64_t K, float alpha, const float 
  * product is large enough and this BLAS gives a row the same bits in a call of several panels as
  * in a call of one (probed once per process). DSV4_PANEL_MERGE=0 in the environment: never. */
 int dsv4_panels_merge(int64_t P, int64_t N, int64_t K);
+/* The same for the backward's row products that overwrite their output (dx = dY W, beta 0: NN). */
+int dsv4_nn_panels_merge(int64_t P, int64_t N, int64_t K);
 /* The same along N for weight-gradient products (A^T B, K rows): whether blocks of nb columns of an
  * M x nb x K product may share one call, each getting the bits of a call of its own (the same rule,
  * its own probe; DSV4_PANEL_MERGE=0: never). */

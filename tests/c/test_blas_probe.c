@@ -154,6 +154,52 @@ static void merged_panels(void) {
   dsv4_panel_scratch_release();
 }
 
+/* The backward's row products that overwrite their output (dsv4_rows_nn, beta 0: dx = dY W) merge
+ * full panels the same way (dsv4_nn_panels_merge): every shard and thread count below gives the bits
+ * of one call per panel; products added to their output (beta 1) never merge, and give the bits of
+ * the beta 0 rows added to what the rows held. */
+static void merged_nn_panels(void) {
+  enum { N = 64, K = 256, T = 2560 }; /* P N K = 2^23 */
+  const int64_t P = dsv4_panel_rows(T);
+  float *X = malloc(sizeof(float) * T * K), *W = malloc(sizeof(float) * K * N);
+  float *Y0 = malloc(sizeof(float) * T * N), *Y = malloc(sizeof(float) * T * N), *Y1 = malloc(sizeof(float) * T * N);
+  int64_t *glob = malloc(sizeof(int64_t) * T);
+  tu_fill(X, T * K, 17, 1.0f);
+  tu_fill(W, K * N, 18, 1.0f);
+  for (int i = 0; i < T; i++) glob[i] = i;
+  printf("note: NN row panels share a call here: %s\n", dsv4_nn_panels_merge(P, N, K) ? "yes" : "no (one call per panel)");
+  tu_check(!dsv4_nn_panels_merge(P, N / 2, K), "nn_panels_merge: a product under 2^23 multiply-adds never merges");
+  setenv("DSV4_PANEL_MERGE", "0", 1);
+  tu_check(!dsv4_nn_panels_merge(P, N, K), "nn_panels_merge: DSV4_PANEL_MERGE=0 turns it off");
+  tu_ok(dsv4_rows_nn(Y0, N, X, K, W, N, T, N, K, glob, P, 0, DSV4_IMPL_FAST), "rows_nn one call per panel");
+  unsetenv("DSV4_PANEL_MERGE");
+  static const struct { const char *what; int64_t lo, hi; int threads; } cases[] = {
+    {"the whole stream, one thread (five panels in one call)", 0, T, 1},
+    {"the whole stream, two threads (three and two panels)", 0, T, 2},
+    {"a shard with partial ends and three full panels between", 300, 2300, 1},
+    {"a shard with partial ends, two threads", 300, 2300, 2},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const int64_t n = cases[c].hi - cases[c].lo;
+    const int old = dsv4_threads_enter(cases[c].threads);
+    memset(Y, 0, sizeof(float) * (size_t)n * N);
+    tu_ok(dsv4_rows_nn(Y, N, X + cases[c].lo * K, K, W, N, n, N, K, glob + cases[c].lo, P, 0, DSV4_IMPL_FAST),
+          "rows_nn");
+    tu_check(!memcmp(Y, Y0 + cases[c].lo * N, sizeof(float) * (size_t)n * N),
+             "rows_nn (beta 0): %s: bitwise one call per panel", cases[c].what);
+    dsv4_threads_leave(old);
+  }
+  /* beta 1 onto rows holding Y1: each row is Y1 + its beta 0 row, rounded once */
+  tu_fill(Y1, T * N, 19, 1.0f);
+  memcpy(Y, Y1, sizeof(float) * T * N);
+  tu_ok(dsv4_rows_nn(Y, N, X, K, W, N, T, N, K, glob, P, 1, DSV4_IMPL_FAST), "rows_nn beta 1");
+  int same = 1;
+  for (int64_t i = 0; i < (int64_t)T * N; i++) same &= Y[i] == Y1[i] + Y0[i];
+  tu_check(same, "rows_nn (beta 1): every row its one-panel product added to what it held");
+  free(X), free(W), free(Y0), free(Y), free(Y1), free(glob);
+  dsv4_panel_scratch_release();
+}
+
 static void probe(void) {
   printf("note: BLAS rows independent at a fixed position: %s\n", dsv4_blas_probe_invariance() ? "yes" : "no");
 }
@@ -163,6 +209,7 @@ static const tu_test TESTS[] = {
   {"blas", "panels", panels},
   {"blas", "panel-groups", panel_groups},
   {"blas", "merged-panels", merged_panels},
+  {"blas", "merged-nn-panels", merged_nn_panels},
   {"blas", "probe", probe},
 };
 
