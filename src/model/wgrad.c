@@ -469,15 +469,15 @@ fail:
  * and as many as keep every thread busy, at most the superblock. */
 int64_t dsv4_wg_strip_cap(int nt, int64_t nv) {
   int64_t c = (DSV4_WG_SUPER_BLOCKS + nt - 1) / (nt > 1 ? nt : 1);
-  const int64_t fit = nv > 0 ? DSV4_WG_GROUP / nv : DSV4_WG_GROUP;
+  const int64_t fit = nv > 0 ? DSV4_WG_ROOM / nv : DSV4_WG_ROOM;
   const char *e = getenv("DSV4_WGRAD_STRIP");
   if (e && atoi(e) > 0) c = atoi(e) < c ? atoi(e) : c;
   c = c < fit ? c : fit;
   return c > 0 ? c : 1;
 }
-/* Panels per group of a strip of c blocks: its products take the room of one block's group. */
+/* Panels per group of a strip of c blocks: its products fill the room, a block's group at most. */
 int64_t dsv4_wg_strip_group(int64_t c) {
-  const int64_t g = DSV4_WG_GROUP / c, u = dsv4_wg_group();
+  const int64_t g = DSV4_WG_ROOM / c, u = dsv4_wg_group();
   return g < u ? (g > 0 ? g : 1) : u;
 }
 /* The strips of the superblock's blocks [b0, b0 + nbk): runs of consecutive blocks of one block row,
@@ -605,7 +605,7 @@ int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n) {
 
 uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int threads, int64_t n, int64_t T,
                           int ranks) {
-  const uint64_t per_thread = sizeof(float) * (uint64_t)BLOCK_ELEMS * (DSV4_WG_GROUP + 512u / BLOCK_COLS);
+  const uint64_t per_thread = sizeof(float) * (uint64_t)BLOCK_ELEMS * (DSV4_WG_ROOM + 512u / BLOCK_COLS);
   const int64_t d = cf->dim, P = dsv4_panel_rows(T), panels = (T + P - 1) / P;
   const uint64_t sums = (uint64_t)BLOCK_ELEMS * 2 * sizeof(int64_t); /* one block's */
   const uint64_t nthr = (uint64_t)(threads > 1 ? threads : 1);

@@ -92,6 +92,12 @@ typedef struct {
 /* Panels whose fp32 products a block holds side by side and adds in one pass (their exact sums stay
  * in registers for the group instead of being read and written once per panel). */
 #define DSV4_WG_GROUP 8
+/* Blocks of products a thread's room holds: one block's group of DSV4_WG_GROUP panels, or a strip of
+ * c blocks with groups of DSV4_WG_ROOM / c panels (dsv4_wg_strip_group). Twice a block's group, so
+ * that a rank's eight panels (4096 tokens at CP = 1) still make strips of two blocks summed in one
+ * group, and four panels (CP = 2) strips of four: 16 MiB at 512 x 512 blocks (docs/perf.md, "Twice
+ * the room for weight-gradient products"). */
+#define DSV4_WG_ROOM 16
 
 /* The group size in use: DSV4_WG_GROUP, or DSV4_WGRAD_GROUP=k (1 .. DSV4_WG_GROUP) from the
  * environment, which a test sets to send short streams through the sums-in-memory path (the bits
@@ -100,7 +106,7 @@ int dsv4_wg_group(void);
 
 /* Floats of dsv4_wg_block_sum's per-thread room: a group's products and the masked A. */
 static inline int64_t dsv4_wg_tfloats(const blocking *bl, int64_t P) {
-  return DSV4_WG_GROUP * bl->mb * bl->nb + P * bl->mb;
+  return DSV4_WG_ROOM * bl->mb * bl->nb + P * bl->mb;
 }
 
 /* Block (m0, n0) [mb, nb] (counted in the whole product's columns) of the sum of the views'
@@ -112,7 +118,7 @@ int dsv4_wg_block_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_
                       int64_t *acc, int64_t wacc, int fresh, float *out, int64_t ldo, int beta, dsv4_impl impl);
 /* A strip of blocks: rows [m0, m0 + mb) in blocks of sm, columns [n0, n0 + nb) in blocks of sw (the
  * last ones smaller; blocks in one direction only), each block with the bits of its own call, in
- * one BLAS call per panel where this BLAS allows. Groups of G panels, G mb nb <= DSV4_WG_GROUP x
+ * one BLAS call per panel where this BLAS allows. Groups of G panels, G mb nb <= DSV4_WG_ROOM x
  * one block (the products fill what one block's group would); acc: block i's sums at
  * acc + i astride (rows of 2 wacc) when nv > G; za, the masked A, after the group's products (t:
  * G mb nb + P mb floats). Otherwise as dsv4_wg_block_sum. */
@@ -120,7 +126,7 @@ int dsv4_wg_strip_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_
                       int64_t sw, int64_t G, float *t, int64_t *acc, int64_t wacc, int64_t astride, int fresh,
                       float *out, int64_t ldo, int beta, dsv4_impl impl);
 /* Blocks per strip for nv panels on nt threads (at most DSV4_WG_SUPER_BLOCKS / nt and
- * DSV4_WG_GROUP / nv; DSV4_WGRAD_STRIP=c caps it), and the group of panels such a strip sums. */
+ * DSV4_WG_ROOM / nv; DSV4_WGRAD_STRIP=c caps it), and the group of panels such a strip sums. */
 int64_t dsv4_wg_strip_cap(int nt, int64_t nv);
 int64_t dsv4_wg_strip_group(int64_t c);
 /* Every rank's list of `mine` runs (pairs g0, len): rank r's k-th at all[2 (r cmax + k)], cnt[r]
