@@ -98,6 +98,31 @@ static void panel_groups(void) {
   dsv4_panel_scratch_release();
 }
 
+/* Shards whose full panels merge (T = 2560, P = 512), and the check every merged product makes:
+ * each shard's rows, on its thread count, bitwise Y0 (one call per panel). nn: the backward's
+ * overwriting row product (dsv4_rows_nn, W [K, N]), else the forward projection (W [N, K]). */
+static const struct { const char *what; int64_t lo, hi; int threads; } merge_cases[] = {
+  {"the whole stream, one thread (five panels in one call)", 0, 2560, 1},
+  {"the whole stream, two threads (three and two panels)", 0, 2560, 2},
+  {"panels 1 - 4 of a shard", 512, 2560, 1},
+  {"a shard with partial ends and three full panels between", 300, 2300, 1},
+  {"a shard with partial ends, two threads", 300, 2300, 2},
+};
+
+static void merged_shards(int nn, const float *X, const float *W, float *Y, const float *Y0, const int64_t *glob,
+                          int64_t P, int64_t N, int64_t K) {
+  for (size_t c = 0; c < sizeof merge_cases / sizeof merge_cases[0]; c++) {
+    const int64_t lo = merge_cases[c].lo, n = merge_cases[c].hi - lo;
+    const int old = dsv4_threads_enter(merge_cases[c].threads);
+    memset(Y, 0, sizeof(float) * (size_t)n * N);
+    if (nn) tu_ok(dsv4_rows_nn(Y, N, X + lo * K, K, W, N, n, N, K, glob + lo, P, 0, DSV4_IMPL_FAST), "rows_nn");
+    else tu_ok(dsv4_proj_rows(Y, N, X + lo * K, K, W, n, N, K, glob + lo, P, DSV4_IMPL_FAST), "proj_rows");
+    tu_check(!memcmp(Y, Y0 + lo * N, sizeof(float) * (size_t)n * N), "%s: %s: bitwise one call per panel",
+             nn ? "rows_nn (beta 0)" : "proj_rows", merge_cases[c].what);
+    dsv4_threads_leave(old);
+  }
+}
+
 /* Consecutive full panels of a large projection share one BLAS call (util/gemm.c: dsv4_panels_merge).
  * Every shard shape, thread count and output mapping below must give the bits of one call per panel
  * (DSV4_PANEL_MERGE=0), which is what a rank holding a single panel of the stream computes. */
@@ -117,23 +142,7 @@ static void merged_panels(void) {
   tu_check(!dsv4_panels_merge(P, N, K), "panels_merge: DSV4_PANEL_MERGE=0 turns it off");
   tu_ok(dsv4_proj_rows(Y0, N, X, K, W, T, N, K, glob, P, DSV4_IMPL_FAST), "proj_rows one call per panel");
   unsetenv("DSV4_PANEL_MERGE");
-  static const struct { const char *what; int64_t lo, hi; int threads; } cases[] = {
-    {"the whole stream, one thread (five panels in one call)", 0, T, 1},
-    {"the whole stream, two threads (three and two panels)", 0, T, 2},
-    {"panels 1 - 4 of a shard", 512, T, 1},
-    {"a shard with partial ends and three full panels between", 300, 2300, 1},
-    {"a shard with partial ends, two threads", 300, 2300, 2},
-  };
-  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    const int64_t n = cases[c].hi - cases[c].lo;
-    const int old = dsv4_threads_enter(cases[c].threads);
-    memset(Y, 0, sizeof(float) * (size_t)n * N);
-    tu_ok(dsv4_proj_rows(Y, N, X + cases[c].lo * K, K, W, n, N, K, glob + cases[c].lo, P, DSV4_IMPL_FAST),
-          "proj_rows");
-    tu_check(!memcmp(Y, Y0 + cases[c].lo * N, sizeof(float) * (size_t)n * N),
-             "proj_rows: %s: bitwise one call per panel", cases[c].what);
-    dsv4_threads_leave(old);
-  }
+  merged_shards(0, X, W, Y, Y0, glob, P, N, K);
   /* a zigzag rank's chunks (panels 0 and 4: not consecutive in the stream but next to each other in
    * the shard, so one call where panels merge) and output rows that jump by 64 after two panels (the
    * third panel must not join the second's call) */
@@ -173,22 +182,7 @@ static void merged_nn_panels(void) {
   tu_check(!dsv4_nn_panels_merge(P, N, K), "nn_panels_merge: DSV4_PANEL_MERGE=0 turns it off");
   tu_ok(dsv4_rows_nn(Y0, N, X, K, W, N, T, N, K, glob, P, 0, DSV4_IMPL_FAST), "rows_nn one call per panel");
   unsetenv("DSV4_PANEL_MERGE");
-  static const struct { const char *what; int64_t lo, hi; int threads; } cases[] = {
-    {"the whole stream, one thread (five panels in one call)", 0, T, 1},
-    {"the whole stream, two threads (three and two panels)", 0, T, 2},
-    {"a shard with partial ends and three full panels between", 300, 2300, 1},
-    {"a shard with partial ends, two threads", 300, 2300, 2},
-  };
-  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    const int64_t n = cases[c].hi - cases[c].lo;
-    const int old = dsv4_threads_enter(cases[c].threads);
-    memset(Y, 0, sizeof(float) * (size_t)n * N);
-    tu_ok(dsv4_rows_nn(Y, N, X + cases[c].lo * K, K, W, N, n, N, K, glob + cases[c].lo, P, 0, DSV4_IMPL_FAST),
-          "rows_nn");
-    tu_check(!memcmp(Y, Y0 + cases[c].lo * N, sizeof(float) * (size_t)n * N),
-             "rows_nn (beta 0): %s: bitwise one call per panel", cases[c].what);
-    dsv4_threads_leave(old);
-  }
+  merged_shards(1, X, W, Y, Y0, glob, P, N, K);
   /* beta 1 onto rows holding Y1: each row is Y1 + its beta 0 row, rounded once */
   tu_fill(Y1, T * N, 19, 1.0f);
   memcpy(Y, Y1, sizeof(float) * T * N);
