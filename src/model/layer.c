@@ -347,7 +347,7 @@ fail:
 }
 
 /* ... and the query path's rows after the chunks, in stretches of whole chunks whose d qr fits the
- * chunk's d o scratch (dead now: at V4-Flash sizes 16 of 512 rows). */
+ * chunk's d o scratch (dead now; at V4-Flash sizes it holds 16 chunks' d qr). */
 static dsv4_status query_rows_all(dsv4_layer *l, dsv4_weights *grads, float *scratch, int64_t cap, float *dx,
                                   float *t, dsv4_wsinks *ks) {
   dsv4_status rc = DSV4_OK;

@@ -176,7 +176,8 @@ static void merged_nn_panels(void) {
   tu_fill(X, T * K, 17, 1.0f);
   tu_fill(W, K * N, 18, 1.0f);
   for (int i = 0; i < T; i++) glob[i] = i;
-  printf("note: NN row panels share a call here: %s\n", dsv4_nn_panels_merge(P, N, K) ? "yes" : "no (one call per panel)");
+  printf("note: NN row panels share a call here: %s\n",
+         dsv4_nn_panels_merge(P, N, K) ? "yes" : "no (one call per panel)");
   tu_check(!dsv4_nn_panels_merge(P, N / 2, K), "nn_panels_merge: a product under 2^23 multiply-adds never merges");
   setenv("DSV4_PANEL_MERGE", "0", 1);
   tu_check(!dsv4_nn_panels_merge(P, N, K), "nn_panels_merge: DSV4_PANEL_MERGE=0 turns it off");
