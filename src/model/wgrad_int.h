@@ -95,8 +95,8 @@ typedef struct {
 /* Blocks of products a thread's room holds: one block's group of DSV4_WG_GROUP panels, or a strip of
  * c blocks with groups of DSV4_WG_ROOM / c panels (dsv4_wg_strip_group). Twice a block's group, so
  * that a rank's eight panels (4096 tokens at CP = 1) still make strips of two blocks summed in one
- * group, and four panels (CP = 2) strips of four: 16 MiB at 512 x 512 blocks (docs/perf.md, "Twice
- * the room for weight-gradient products"). */
+ * group, and four panels (CP = 2) strips of four: 16 MiB at 512 x 512 blocks (docs/perf.md, "... and
+ * twice the room for weight-gradient strips"). */
 #define DSV4_WG_ROOM 16
 
 /* The group size in use: DSV4_WG_GROUP, or DSV4_WGRAD_GROUP=k (1 .. DSV4_WG_GROUP) from the
@@ -104,7 +104,7 @@ typedef struct {
  * are the same for every k). */
 int dsv4_wg_group(void);
 
-/* Floats of dsv4_wg_block_sum's per-thread room: a group's products and the masked A. */
+/* Floats of dsv4_wg_block_sum's per-thread room: DSV4_WG_ROOM blocks of products and the masked A. */
 static inline int64_t dsv4_wg_tfloats(const blocking *bl, int64_t P) {
   return DSV4_WG_ROOM * bl->mb * bl->nb + P * bl->mb;
 }
@@ -119,7 +119,7 @@ int dsv4_wg_block_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_
 /* A strip of blocks: rows [m0, m0 + mb) in blocks of sm, columns [n0, n0 + nb) in blocks of sw (the
  * last ones smaller; blocks in one direction only), each block with the bits of its own call, in
  * one BLAS call per panel where this BLAS allows. Groups of G panels, G mb nb <= DSV4_WG_ROOM x
- * one block (the products fill what one block's group would); acc: block i's sums at
+ * one block (the products fit the thread's room); acc: block i's sums at
  * acc + i astride (rows of 2 wacc) when nv > G; za, the masked A, after the group's products (t:
  * G mb nb + P mb floats). Otherwise as dsv4_wg_block_sum. */
 int dsv4_wg_strip_sum(const wview *v, int64_t nv, int64_t m0, int64_t mb, int64_t sm, int64_t n0, int64_t nb,

@@ -264,10 +264,10 @@ static void mask_set(uint64_t *m, int64_t a, int64_t b) {
 }
 
 /* Whether full run r continues full run r - 1 in one call of several panels: the next local rows and
- * (mapped) the next input and output rows, at most `cap` panels per call. The global panels need not be
- * consecutive: a row's bits do not depend on the other rows of its call (the probe), so a zigzag
- * rank's two chunks, which lie next to each other in its shard, share a call and the weight is
- * packed once for both. */
+ * (mapped) the next input and output rows, at most `cap` panels per call. The global panels need
+ * not be consecutive: a row's bits do not depend on the other rows of its call (the probe), so a
+ * zigzag rank's two chunks, which lie next to each other in its shard, share a call and the weight
+ * is packed once for both. */
 static int joins(const proj_op *o, const int64_t *start, int64_t r, const proj_call *last, int64_t P, int64_t cap) {
   const int64_t i = start[r];
   return last && last->whole && last->count < cap && start[r - 1] + P == i &&
