@@ -473,6 +473,10 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
   }
   if (!wo_b_last) DSV4_TRY(wprod(l, dsv4_w(grads, W_WKV), D, d, dkv, D, l->x, d, NULL, "wkv"));
   DSV4_TRY(dsv4_rows_nn(dx, d, dkv, D, dsv4_w(w, W_WKV), d, n, d, D, p->global, p->panel, 1, l->impl));
+  /* the last row product: the cached panel scratch (up to P (N + K) floats per thread, 66 MB for a
+   * zigzag rank's partial wq_b panels) goes back before the weight gradients, whose partial panels'
+   * gathered rows would otherwise come on top of it at the backward's peak */
+  dsv4_panel_scratch_release();
   if (!wo_b_last) DSV4_TRY(wprod(l, dsv4_w(grads, W_WQ_A), dq, d, l->sv.a, dq, l->x, d, NULL, "wq_a"));
   if (l->kq) {
     if (!l->recompute) { /* o rotated back in place: op = RoPE_{-p}(o), wo_a's input */
