@@ -73,6 +73,12 @@ void dsv4_wg_pack_cols(const wrun *runs, int64_t n_runs, int side_a, int64_t c0,
   }
 }
 
+/* Whether run r's rows already lie as pack_run would write them: A and B rows back to back and no
+ * padding row (a product sink's kept rows, for one). */
+static int run_dense(const dsv4_wshape *s, const wrun *r) {
+  return r->lda == s->M && r->ldb == s->N && !dsv4_wg_run_masked(r);
+}
+
 /* Rows of run r into dense rows: A [len, M] (padding rows zero), B [len, N]. */
 static void pack_run(const dsv4_wshape *s, const wrun *r, float *A, float *B) {
   dsv4_wg_pack_cols(r, 1, 1, 0, s->M, A);
@@ -172,7 +178,7 @@ static dsv4_status gather_partials(dsv4_xfer *x, const dsv4_wshape *s, const wru
   DSV4_ALLOC(reqs, 2 * total + 1);
   int64_t send_rows = 0;
   for (int64_t j = 0; j < n_runs; j++)
-    if (!run_full(s, &runs[j]) && owner[runs[j].g0 / s->P] != me) send_rows += runs[j].len;
+    if (!run_full(s, &runs[j]) && owner[runs[j].g0 / s->P] != me && !run_dense(s, &runs[j])) send_rows += runs[j].len;
   DSV4_ALLOC(sendbuf, send_rows * (s->M + s->N));
   /* receives first, then sends; tags: the run's index in the gathered list */
   int64_t base = 0;
@@ -204,9 +210,13 @@ static dsv4_status gather_partials(dsv4_xfer *x, const dsv4_wshape *s, const wru
       pack_run(s, ru, pan[slot[p]].A + at * s->M, pan[slot[p]].B + at * s->N);
       continue;
     }
-    float *a = sb, *b = sb + ru->len * s->M;
-    pack_run(s, ru, a, b);
-    sb = b + ru->len * s->N;
+    const float *a = ru->A, *b = ru->B;
+    if (!run_dense(s, ru)) { /* packed; dense rows (a sink's kept rows) go as they lie */
+      float *pa = sb, *pb = sb + ru->len * s->M;
+      pack_run(s, ru, pa, pb);
+      sb = pb + ru->len * s->N;
+      a = pa, b = pb;
+    }
     DSV4_TRY(dsv4_xfer_isend(x, ROWS, a, sizeof(float) * (size_t)(ru->len * s->M), (int)owner[p], tag, &reqs[n_req++]));
     DSV4_TRY(dsv4_xfer_isend(x, ROWS, b, sizeof(float) * (size_t)(ru->len * s->N), (int)owner[p], tag + 1,
                              &reqs[n_req++]));
