@@ -98,8 +98,9 @@ def matrix(build, name, base_args, configs, tmp):
     for (n, split), (threads, recompute) in zip(configs[:2], ((2, 1), (1, 0))):
         forced(n, split, threads, recompute, {"DSV4_WGRAD_GROUP": "1"}, "g1", "one panel per group")
     # a recomputed backward's chunk-by-chunk weight products into double sums (what V4-Flash takes
-    # from about 2050 rows per rank on; these tiny shapes keep the rows): the same bytes; and under
-    # zigzag, whose half panels' kept rows go to their panels' owners as they lie (gather_partials)
+    # from about 420 (SWA, HCA) or 490 (CSA) rows per rank on; these tiny shapes keep the rows): the
+    # same bytes; and under zigzag, whose half panels' stashed rows go to their panels' owners as
+    # they lie (gather_partials)
     zig = [c for c in configs[2:] if c[1] == "zigzag"][:1]
     for (n, split), threads in zip(configs[:2] + zig, (2, 1, 1)):
         forced(n, split, threads, 1, {"DSV4_WGRAD_KEEP": "sums"}, "sums", "products into double sums")

@@ -178,7 +178,8 @@ static dsv4_status gather_partials(dsv4_xfer *x, const dsv4_wshape *s, const wru
   DSV4_ALLOC(reqs, 2 * total + 1);
   int64_t send_rows = 0;
   for (int64_t j = 0; j < n_runs; j++)
-    if (!run_full(s, &runs[j]) && owner[runs[j].g0 / s->P] != me && !run_dense(s, &runs[j])) send_rows += runs[j].len;
+    if (!run_full(s, &runs[j]) && owner[runs[j].g0 / s->P] != me && !run_dense(s, &runs[j]))
+      send_rows += runs[j].len;
   DSV4_ALLOC(sendbuf, send_rows * (s->M + s->N));
   /* receives first, then sends; tags: the run's index in the gathered list */
   int64_t base = 0;
