@@ -420,7 +420,7 @@ static dsv4_status layer_backward(dsv4_layer *l, float *dx, dsv4_weights *grads,
   DSV4_ALLOC(t, dq > D ? dq : D);
   l->kq = l->recompute ? NULL : l->sv.q;
   l->ko = l->recompute ? NULL : l->sv.o;
-  const int keep = l->recompute && dsv4_wgrad_keep_rows(cf, l->dm.selects, n);
+  const int keep = l->recompute && dsv4_wgrad_keep_rows(cf, l->dm.selects, n, p->partial_max);
   if (keep) {
     DSV4_ALLOC(l->kq, n * H * D);
     DSV4_ALLOC(l->ko, n * H * D);

@@ -582,13 +582,15 @@ fail:
  * the wo_a groups and wq_b, each taking the whole rows that still fit); not counted: 8 beside a
  * tensor that accumulates, and blocks that leave them for xacc sums, which the caller and the data
  * decide), and of the rows that would replace them (dq and the rotated output, n x H D each; the
- * indexer queries' d qI, d w). */
-static void keep_costs(const dsv4_config *cf, int selects, int64_t n, uint64_t *sink_bytes, uint64_t *row_bytes) {
+ * indexer queries' d qI, d w); and per row a sink keeps for its finish (rows of partial panels,
+ * stash): the row of both factors of every product that goes into a sink. */
+static void keep_costs(const dsv4_config *cf, int selects, int64_t n, uint64_t *sink_bytes,
+                       uint64_t *row_bytes, uint64_t *stash_row_bytes) {
   const uint64_t H = (uint64_t)cf->n_heads, D = (uint64_t)cf->head_dim, dq = (uint64_t)cf->q_lora_rank;
   const uint64_t G = (uint64_t)cf->o_groups, Ro = (uint64_t)cf->o_lora_rank, d = (uint64_t)cf->dim;
   const uint64_t Hi = (uint64_t)cf->index_n_heads, Di = (uint64_t)cf->index_head_dim;
   uint64_t pool[3] = {d * G * Ro, dq * d, D * d}; /* the lent wo_b, wq_a, wkv gradients (layer.c) */
-  uint64_t el = 0, row = 2 * H * D;
+  uint64_t el = 0, row = 2 * H * D, stash = G * (Ro + (H / G) * D) + H * D + dq;
   for (uint64_t g = 0; g <= G; g++) { /* the wo_a groups, then wq_b: whole rows, first fit */
     const uint64_t w = g < G ? (H / G) * D : dq;
     uint64_t rows = g < G ? Ro : H * D;
@@ -598,24 +600,27 @@ static void keep_costs(const dsv4_config *cf, int selects, int64_t n, uint64_t *
     }
     el += rows * w;
   }
-  if (selects) el += Hi * Di * dq + Hi * d, row += Hi * Di + Hi;
+  if (selects) el += Hi * Di * dq + Hi * d, row += Hi * Di + Hi, stash += Hi * Di + dq + Hi + d;
   *sink_bytes = el * sizeof(uint32_t);
   *row_bytes = (uint64_t)(n > 0 ? n : 0) * row * sizeof(float);
+  *stash_row_bytes = stash * sizeof(float);
 }
 
-int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n) {
+int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n, int64_t partial_max) {
   /* DSV4_WGRAD_KEEP=rows / sums: a test's choice (its tiny shapes always keep rows; both give the
    * same bits, which is what it checks) */
   const char *force = getenv("DSV4_WGRAD_KEEP");
   if (force && !strcmp(force, "rows")) return 1;
   if (force && !strcmp(force, "sums")) return 0;
-  uint64_t sinks, rows;
-  keep_costs(cf, selects, n, &sinks, &rows);
-  return rows <= sinks;
+  uint64_t sinks, rows, stash;
+  keep_costs(cf, selects, n, &sinks, &rows, &stash);
+  /* the sinks' side as on the rank that keeps the most rows of partial panels: every rank must
+   * choose the same, and the peak is that rank's */
+  return rows <= sinks + (uint64_t)(partial_max > 0 ? partial_max : 0) * stash;
 }
 
-uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int threads, int64_t n, int64_t T,
-                          int ranks) {
+uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int threads, int64_t n,
+                          int64_t T, int ranks, int64_t partial, int64_t partial_max) {
   const uint64_t per_thread = sizeof(float) * (uint64_t)BLOCK_ELEMS * (DSV4_WG_ROOM + 512u / BLOCK_COLS);
   const int64_t d = cf->dim, P = dsv4_panel_rows(T), panels = (T + P - 1) / P;
   const uint64_t sums = (uint64_t)BLOCK_ELEMS * 2 * sizeof(int64_t); /* one block's */
@@ -628,9 +633,9 @@ uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int
   /* (and the transport's ring buffer for int64 reduce-scatters, cp/comm.h) */
   const uint64_t ring = 2 * DSV4_COMM_RING_INT64 * sizeof(int64_t);
   const uint64_t streamed = ranks > 1 ? super + ring : panels > DSV4_WG_GROUP ? sums * nthr : 0;
-  uint64_t sinks = 0, rows = 0;
-  keep_costs(cf, selects, n, &sinks, &rows);
-  const int keep = dsv4_wgrad_keep_rows(cf, selects, n);
+  uint64_t sinks = 0, rows = 0, stash = 0;
+  keep_costs(cf, selects, n, &sinks, &rows, &stash);
+  const int keep = dsv4_wgrad_keep_rows(cf, selects, n, partial_max);
   /* the products that move rows instead of sums (one at a time): the largest one's buffers */
   const int64_t H = cf->n_heads, D = cf->head_dim, G = cf->o_groups, Ro = cf->o_lora_rank, dq = cf->q_lora_rank;
   /* with sinks, one product's chunk at a time at finish (dsum_store): the largest */
@@ -646,7 +651,10 @@ uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int
   /* one rank, at most two chunks (panels): the last rounds at once, the first writes no low word
    * (dsv4_wsinks_last_rows), so the sinks' own words stay unmapped */
   const int untouched = ranks <= 1 && panels <= 2;
-  const uint64_t kept = recompute ? (keep ? rows : untouched ? 0 : sinks + chunk) : 0;
+  const uint64_t kept =
+      recompute
+          ? (keep ? rows : (untouched ? 0 : sinks + chunk) + (uint64_t)(partial > 0 ? partial : 0) * stash)
+          : 0;
   const dsv4_wshape shapes[] = {{d, G * Ro, P, T}, {D, d, P, T}, {dq, d, P, T}, {Ro, (H / G) * D, P, T},
                                 {H * D, dq, P, T}, {(int64_t)cf->index_n_heads * cf->index_head_dim, dq, P, T},
                                 {cf->index_n_heads, d, P, T}};

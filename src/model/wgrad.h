@@ -62,16 +62,20 @@ dsv4_status dsv4_wgrad_exact(dsv4_xfer *x, const dsv4_wshape *s, const dsv4_wpie
  * products at the end when they take no more memory than whole-weight sinks (half a double per
  * element of wq_b and the indexer's query projections, none for wo_a: a fresh backward's zero
  * tensors hold the rest, each its own high halves, wo_b's, wq_a's and wkv's the low ones of wo_a
- * and of wq_b's first rows); else sinks. n is the
- * same on every rank, so every rank makes the same choice (the collectives follow it).
- * DSV4_WGRAD_KEEP=rows / sums in the environment forces one (tests: both give the same bits). */
-int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n);
+ * and of wq_b's first rows) plus the rows the sinks copy until their finish: both factors' rows of
+ * the chunks' partial panel runs (plan.h dsv4_partial_rows; all of a zigzag rank's rows when its
+ * pieces are not whole panels), counted for partial_max, the most any rank has; else sinks. n and
+ * partial_max are the same on every rank, so every rank makes the same choice (the collectives
+ * follow it). DSV4_WGRAD_KEEP=rows / sums in the environment forces one (tests: both give the same
+ * bits). */
+int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n, int64_t partial_max);
 /* Bytes the weight-gradient sums and rows hold at most during one backward of n local rows of T on
- * `ranks` ranks, for the planner (the choice above with recomputation, the streamed products'
- * blocks or the rows moved to the blocks' owners). Not counted: the sums path's rows of panels that
- * straddle ranks (a panel's rows of each product, on the rank that computes it). */
-uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int threads, int64_t n, int64_t T,
-                          int ranks);
+ * `ranks` ranks, for the planner (the choice above with recomputation, the sinks' copies of this
+ * rank's `partial` rows, the streamed products' blocks or the rows moved to the blocks' owners). Not
+ * counted: the sums path's rows of panels that straddle ranks (a panel's rows of each product, on
+ * the rank that computes it). */
+uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int threads, int64_t n,
+                          int64_t T, int ranks, int64_t partial, int64_t partial_max);
 
 /* The planner's count of the messages of one layer backward's weight gradients on each of `size`
  * ranks (lays: every rank's layout of the layer's plan; docs its document table), added to out[q]

@@ -195,7 +195,13 @@ dsv4_status dsv4_wgrad_traffic(const dsv4_config *cf, const dsv4_layer_info *in,
   const int v4_keys = !v41 && r == 4, v41_keys = v41 && in->role == DSV4_ROLE_FULL, selects = in->selects;
   /* recomputation without kept rows: wo_a's groups, wq_b and the indexer queries' projections go into
    * product sinks (layer.c layer_sinks, core_bwd.c begin_sinks) */
-  const int sinks = recompute && !dsv4_wgrad_keep_rows(cf, selects, lays[0].n);
+  int64_t partial_max = 0;
+  for (int q = 0; recompute && q < size; q++) {
+    const int64_t k = dsv4_layout_partial_rows(&lays[q], T);
+    DSV4_CHECK(k >= 0, DSV4_ERR_NOMEM, "out of memory counting partial panel rows");
+    partial_max = k > partial_max ? k : partial_max;
+  }
+  const int sinks = recompute && !dsv4_wgrad_keep_rows(cf, selects, lays[0].n, partial_max);
   DSV4_TRY(product(out, lays, size, d, G * Ro, P, T, ROWS_TOKENS, 0)); /* wo_b */
   DSV4_TRY(product(out, lays, size, D, d, P, T, ROWS_TOKENS, 0));      /* wkv */
   DSV4_TRY(product(out, lays, size, dq, d, P, T, ROWS_TOKENS, 0));     /* wq_a */

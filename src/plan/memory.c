@@ -56,7 +56,8 @@ static dsv4_status plan_memory(const dsv4_config *cfg, int layer, const dsv4_pac
   out->transient = dsv4_layer_scratch_bytes(&dm) + dsv4_core_scratch_bytes(&dm) + p.bytes +
                    (r > 0 ? sizeof(int32_t) * (uint64_t)dm.n_cmp : 0) +
                    dsv4_kernel_scratch_bytes(&dm, opts ? opts->threads : 1) +
-                   dsv4_wgrad_bytes(cfg, dm.selects, recompute, opts ? opts->threads : 1, n, key.T, size);
+                   dsv4_wgrad_bytes(cfg, dm.selects, recompute, opts ? opts->threads : 1, n, key.T, size,
+                                    p.partial, p.partial_max);
   /* attention rows moved to or from another rank (the fast path's): their buffers at the most */
   dsv4_token_cost tc;
   DSV4_TRY(dsv4_token_cost_of(cfg, layer, &tc));

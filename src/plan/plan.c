@@ -334,6 +334,7 @@ dsv4_status dsv4_plan_build(dsv4_plan *p, const dsv4_config *cfg, dsv4_plan_key 
     DSV4_TRY(rope_table(p, cfg));
     rope_cap = p->rope.cap;
   }
+  DSV4_TRY(dsv4_partial_rows_all(&pk, k->split, N, me, &p->partial, &p->partial_max));
   const size_t n = (size_t)p->n;
   p->bytes = n * (sizeof(int64_t) + 2 * sizeof(int32_t) + 1) + 2 * n * sizeof(int32_t) +
              (k->ratio > 0 ? 2 * n * sizeof(int32_t) + sizeof(int32_t) * (size_t)p->docs.n_cmp : 0) +

@@ -10,6 +10,7 @@
 #include "plan/plan.h"
 #include "plan/shard.h"
 #include "testutil.h"
+#include "util/gemm.h"
 
 static int same_i32(const int32_t *a, const int32_t *b, int n) { return n == 0 || !memcmp(a, b, sizeof(int32_t) * (size_t)n); }
 
@@ -698,19 +699,118 @@ static void plan_offload(void) {
            moved);
 }
 
+/* Rows in partial panel runs, the slow way: the chunk rule row by row (dsv4_chunk_end_of), each
+ * chunk's rows cut into runs at a global gap or a panel's first row, as model/wgrad.c cuts them. */
+static int64_t partial_slow(const dsv4_range *segs, int ns, int64_t T, int64_t P) {
+  int64_t n = 0, k = 0, partial = 0;
+  for (int s = 0; s < ns; s++) n += segs[s].len;
+  int64_t *g = malloc(sizeof(int64_t) * (size_t)(n + 1));
+  for (int s = 0; s < ns; s++)
+    for (int64_t i = 0; i < segs[s].len; i++) g[k++] = segs[s].g0 + i;
+  for (int64_t i0 = 0; i0 < n;) {
+    const int64_t i1 = dsv4_chunk_end_of(g, n, P, i0);
+    for (int64_t a = i0; a < i1;) {
+      int64_t b = a + 1;
+      while (b < i1 && g[b] == g[b - 1] + 1 && g[b] % P != 0) b++;
+      const int64_t first = g[a] / P * P, ext = T - first < P ? T - first : P;
+      if (b - a != ext) partial += b - a;
+      a = b;
+    }
+    i0 = i1;
+  }
+  free(g);
+  return partial;
+}
+
+/* dsv4_partial_rows (from the segments) against the row-by-row count: every rank of contiguous and
+ * zigzag splits, one stream or a batch, lengths on and off the panels; and arbitrary segment lists
+ * (short pieces that share chunks, gaps, out of order) at small panels. */
+static void partial_rows(void) {
+  int good = 1, cases = 0;
+  int64_t most_seen = 0;
+  static const int64_t Ts[] = {24, 96, 512, 1000, 1024, 1536, 3072, 4096, 6144, 12288, 12000, 2048 + 96};
+  static const int Ns[] = {1, 2, 3, 4, 8};
+  for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
+    for (int ni = 0; ni < 5; ni++)
+      for (int zig = 0; zig < 2; zig++)
+        for (int batch = 1; batch <= 3; batch += 2) {
+          const int64_t T = Ts[ti] * batch;
+          int32_t cu[4] = {0, (int32_t)Ts[ti], (int32_t)(2 * Ts[ti]), (int32_t)T};
+          const dsv4_packing pk = TU_PACKING(batch > 1 ? cu : NULL, NULL, batch > 1 ? 3 : 0, T, batch > 1);
+          const dsv4_split split = zig ? DSV4_SPLIT_ZIGZAG : DSV4_SPLIT_CONTIGUOUS;
+          const int N = Ns[ni];
+          int64_t most = 0, mine = -1, most_all = -1;
+          for (int q = 0; q < N; q++) {
+            dsv4_range *segs = NULL;
+            int ns = 0;
+            if (dsv4_shard_segments(&pk, split, q, N, &segs, &ns) != DSV4_OK) break; /* not divisible */
+            const int64_t P = dsv4_panel_rows(T), want = partial_slow(segs, ns, T, P);
+            const int64_t got = dsv4_partial_rows(segs, ns, T, P);
+            if (got != want && good)
+              tu_fail("partial rows: T = %lld N = %d %s batch %d rank %d: %lld, row by row %lld",
+                      (long long)T, N, zig ? "zigzag" : "contiguous", batch, q, (long long)got,
+                      (long long)want);
+            good &= got == want;
+            most = want > most ? want : most;
+            if (q == N - 1) {
+              good &= dsv4_partial_rows_all(&pk, split, N, q, &mine, &most_all) == DSV4_OK && mine == want &&
+                      most_all == most;
+              cases++;
+            }
+            free(segs);
+          }
+          most_seen = most > most_seen ? most : most_seen;
+        }
+  uint32_t seed = 4242;
+  int random_cases = 0;
+  for (int it = 0; it < 3000; it++) {
+    dsv4_range segs[12];
+    seed = seed * 1103515245u + 12345u;
+    const int64_t P = (int64_t)8 << (seed >> 9) % 4, T = P * (1 + (seed >> 13) % 5) + (seed >> 17) % P;
+    const int ns = 1 + (int)((seed >> 22) % 12);
+    for (int s = 0; s < ns; s++) {
+      seed = seed * 1103515245u + 12345u;
+      const int64_t len = 1 + (seed >> 8) % (s % 3 == 0 ? 3 * P : 5);
+      int64_t g0 = (seed >> 16) % T;
+      if (s > 0 && (seed >> 28) % 2) g0 = segs[s - 1].g0 + segs[s - 1].len; /* the next rows: runs merge */
+      if (g0 + len > T) g0 = T - len < 0 ? 0 : T - len;
+      segs[s] = (dsv4_range){g0, len <= T ? len : T};
+    }
+    const int64_t want = partial_slow(segs, ns, T, P), got = dsv4_partial_rows(segs, ns, T, P);
+    if (got != want && good)
+      tu_fail("partial rows: random case %d (P = %lld, T = %lld, %d segments): %lld, row by row %lld", it,
+              (long long)P, (long long)T, ns, (long long)got, (long long)want);
+    good &= got == want;
+    random_cases++;
+  }
+  /* the worked example of partial.c: contiguous 1536 over two ranks, 256 and 768 rows */
+  const dsv4_packing ex = TU_PACKING(NULL, NULL, 0, 1536, 0);
+  int64_t m0 = -1, m1 = -1, most = -1;
+  const int ex_ok = dsv4_partial_rows_all(&ex, DSV4_SPLIT_CONTIGUOUS, 2, 0, &m0, &most) == DSV4_OK &&
+                    dsv4_partial_rows_all(&ex, DSV4_SPLIT_CONTIGUOUS, 2, 1, &m1, &most) == DSV4_OK;
+  tu_check(ex_ok && m0 == 256 && m1 == 768 && most == 768,
+           "partial rows: contiguous T = 1536 over 2 ranks: 256 and 768 rows (got %lld, %lld, most %lld)",
+           (long long)m0, (long long)m1, (long long)most);
+  tu_check(
+      good && cases > 150 && random_cases == 3000 && most_seen > 0,
+      "partial rows: from the segments == row by row over %d splits (every rank) and %d random segment lists",
+      cases, random_cases);
+}
+
 static const tu_test TESTS[] = {
-  {"plan", "offload", plan_offload},
-  {"plan", "flops", plan_flops},
-  {"plan", "wgrad-traffic", wgrad_traffic},
-  {"plan", "stats-abi", stats_abi},
-  {"plan", "keys", plan_keys},
-  {"plan", "shards", shards},
-  {"plan", "halos", halos},
-  {"plan", "gather-index", gather_index},
-  {"plan", "v41-r2-straddle", v41_r2},
-  {"plan", "plans", plans},
-  {"plan", "slot-ids", slot_ids},
-  {"plan", "layout-rules", layout_rules},
+    {"plan", "offload", plan_offload},
+    {"plan", "flops", plan_flops},
+    {"plan", "wgrad-traffic", wgrad_traffic},
+    {"plan", "stats-abi", stats_abi},
+    {"plan", "keys", plan_keys},
+    {"plan", "shards", shards},
+    {"plan", "halos", halos},
+    {"plan", "gather-index", gather_index},
+    {"plan", "v41-r2-straddle", v41_r2},
+    {"plan", "plans", plans},
+    {"plan", "slot-ids", slot_ids},
+    {"plan", "layout-rules", layout_rules},
+    {"plan", "partial-rows", partial_rows},
 };
 
 int main(int argc, char **argv) { return tu_run(argc, argv, TESTS, (int)(sizeof TESTS / sizeof TESTS[0])); }
