@@ -184,6 +184,19 @@ def main():
                 if T.check(rc == 0, "determinism: tiny CSA 1536 N=1 runs", err):
                     offload(a.build, "tiny_csa_1536", long_csa + ["--grad-output", dout], tmp, st.read(one),
                             ((2, "contiguous"), (3, "contiguous"), (4, "contiguous")))
+                    # recomputed into double sums over 512-row panels that shards cut: rank 1's
+                    # chunks (rows 768 - 1279, then 1280 - 1535) complete panel 2 between them, and
+                    # the zigzag rank 1 (rows 384 - 1151) panel 1; such a panel goes into the sums
+                    # when its last rows come, the shared ones at the end: the same bytes
+                    for n, split in ((2, "contiguous"), (2, "zigzag")):
+                        out = os.path.join(tmp, f"long_sums_{n}_{split}.st")
+                        rc, err = run_one(a.build, long_csa + ["--grad-output", dout], n, split, 1, 1, out,
+                                          {"DSV4_WGRAD_KEEP": "sums"})
+                        label = f"tiny CSA 1536 N={n} {split} --recompute, products into double sums"
+                        if T.check(rc == 0, f"determinism: {label} runs", err):
+                            diff = same_bytes(st.read(one), st.read(out))
+                            T.check(not diff, f"determinism: {label}: every tensor byte for byte N=1's",
+                                    "differ: " + " ".join(diff[:6]))
         # V4.1: the forward once for the shapes, then dout.{L} for every layer of the range
         fwd = os.path.join(tmp, "v41_fwd.st")
         rc, _, err = T.cli(a.build, ["run"] + V41 + ["--quiet", "--output", fwd])

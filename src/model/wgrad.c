@@ -1156,6 +1156,24 @@ static int add_all(dsv4_wsink *k, const wrun *runs, int64_t n_runs, const wpanel
   return bad & 1;
 }
 
+/* The stash's last run, when the rows just added complete it to a whole panel (its first rows from
+ * an earlier chunk of this rank: a contiguous shard that does not start on a panel cuts every panel
+ * between two chunks), goes into the sums now and leaves the stash, which so holds the rows whose
+ * panels other ranks share and at most one panel in the making, not every row. The same panel
+ * product as at finish, into exact sums: the same bits. Rows are only appended, so no other run
+ * can have become whole (plan/partial.c counts the stash the same way). */
+static dsv4_status flush_whole(dsv4_wsinks *s, dsv4_wsink *k) {
+  dsv4_status rc = DSV4_OK;
+  const dsv4_wshape *sh = &k->shape;
+  int64_t i0 = k->ns - 1;
+  while (i0 > 0 && k->sg[i0] == k->sg[i0 - 1] + 1 && k->sg[i0] % sh->P != 0) i0--;
+  const wrun r = {k->sa + i0 * sh->M, k->sb + i0 * sh->N, sh->M, sh->N, NULL, k->sg[i0], k->ns - i0};
+  if (!run_full(sh, &r)) return DSV4_OK;
+  s->bad |= add_all(k, &r, 1, NULL, 0, 0, s->impl, &rc);
+  k->ns = i0;
+  return rc;
+}
+
 dsv4_status dsv4_wsinks_product(dsv4_wsinks *s, float *C, const dsv4_wpiece *pc) {
   dsv4_status rc = DSV4_OK;
   wrun *runs = NULL;
@@ -1165,7 +1183,10 @@ dsv4_status dsv4_wsinks_product(dsv4_wsinks *s, float *C, const dsv4_wpiece *pc)
              "internal: product into an unregistered or finished gradient");
   DSV4_TRY(runs_of(&k->shape, pc, 1, &runs, &n_runs));
   for (int64_t j = 0; j < n_runs; j++)
-    if (!run_full(&k->shape, &runs[j])) DSV4_TRY(stash(k, &runs[j]));
+    if (!run_full(&k->shape, &runs[j])) {
+      DSV4_TRY(stash(k, &runs[j]));
+      DSV4_TRY(flush_whole(s, k));
+    }
   /* this rank's last rows, nothing kept for finish: rounded into the tensor now */
   const int last = k->rows_left == pc->n && k->ns == 0;
   k->rows_left = k->rows_left >= pc->n ? k->rows_left - pc->n : -1;

@@ -62,9 +62,11 @@ dsv4_status dsv4_wgrad_exact(dsv4_xfer *x, const dsv4_wshape *s, const dsv4_wpie
  * products at the end when they take no more memory than whole-weight sinks (half a double per
  * element of wq_b and the indexer's query projections, none for wo_a: a fresh backward's zero
  * tensors hold the rest, each its own high halves, wo_b's, wq_a's and wkv's the low ones of wo_a
- * and of wq_b's first rows) plus the rows the sinks copy until their finish: both factors' rows of
- * the chunks' partial panel runs (plan.h dsv4_partial_rows; all of a zigzag rank's rows when its
- * pieces are not whole panels), counted for partial_max, the most any rank has; else sinks. n and
+ * and of wq_b's first rows) plus the rows the sinks copy meanwhile: both factors' rows of the
+ * chunks' partial panel runs, kept until the rank's own rows complete their panel or, for panels
+ * other ranks share, until the finish (plan.h dsv4_partial_rows: the most at once; every row of a
+ * zigzag rank whose pieces are half panels), counted for partial_max, the most any rank keeps;
+ * else sinks. n and
  * partial_max are the same on every rank, so every rank makes the same choice (the collectives
  * follow it). DSV4_WGRAD_KEEP=rows / sums in the environment forces one (tests: both give the same
  * bits). */

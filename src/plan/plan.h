@@ -136,8 +136,8 @@ typedef struct {
   int32_t *slot_pos, *slot_blk;       /*   RoPE position j r, row in the local slot buffer */
   int64_t *slot_gid;                  /*   global compressed id (V4.1's indexer key projection) */
   int64_t n_chunk, *chunk;            /* [n_chunk + 1] row chunk boundaries (DSV4_CHUNK_ROWS) */
-  int64_t partial, partial_max;       /* rows the chunks put into partial panel runs: this rank's, and
-                                         the most on any rank (dsv4_partial_rows) */
+  int64_t partial, partial_max;       /* rows of partial panel runs a product sink keeps at once: this
+                                         rank's, and the most on any rank (dsv4_partial_rows) */
   int64_t max_win, max_cmp;           /* longest window, most visible compressed ids of a local query */
   dsv4_rope rope;                     /* positions this rank uses */
   size_t bytes;                       /* what the plan holds (halo plans and RoPE table included) */
@@ -173,9 +173,10 @@ void dsv4_plan_free(dsv4_plan *p);
 int64_t dsv4_plan_chunk_end(const dsv4_plan *p, int64_t i0);
 /* The same rule for any rank's rows: g [n] their global indices in local order, P the panel rows. */
 int64_t dsv4_chunk_end_of(const int64_t *g, int64_t n, int64_t P, int64_t i0);
-/* Rows of a rank whose rows are the segments segs[0..n_seg) (in local order) that those chunks put
- * into partial runs: consecutive global rows of one panel of T's that do not cover it (what a
- * product sink keeps until its finish, model/wgrad.c). From the segments, not row by row (partial.c);
+/* The most rows a product sink (model/wgrad.c) keeps at once on a rank whose rows are the segments
+ * segs[0..n_seg) (in local order, increasing): the chunks' partial runs (consecutive global rows of
+ * one panel of T's that do not cover it), each kept until the rank's own rows complete its panel or,
+ * for a panel other ranks share, until the finish. From the segments, not row by row (partial.c);
  * -1 when out of memory. */
 int64_t dsv4_partial_rows(const dsv4_range *segs, int n_seg, int64_t T, int64_t P);
 /* The same for a layout's segments (panels of T's), and for rank `rank` of the split (*mine) and

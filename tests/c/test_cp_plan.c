@@ -699,12 +699,14 @@ static void plan_offload(void) {
            moved);
 }
 
-/* Rows in partial panel runs, the slow way: the chunk rule row by row (dsv4_chunk_end_of), each
- * chunk's rows cut into runs at a global gap or a panel's first row, as model/wgrad.c cuts them. */
+/* The most rows of partial panel runs a product sink keeps at once, the slow way: the chunk rule
+ * row by row (dsv4_chunk_end_of), each chunk's rows cut into runs at a global gap or a panel's first
+ * row, each partial run's rows appended to a stash, and the stash's last run (cut the same way)
+ * taken out when it then covers its panel (model/wgrad.c). */
 static int64_t partial_slow(const dsv4_range *segs, int ns, int64_t T, int64_t P) {
-  int64_t n = 0, k = 0, partial = 0;
+  int64_t n = 0, k = 0, peak = 0, ks = 0;
   for (int s = 0; s < ns; s++) n += segs[s].len;
-  int64_t *g = malloc(sizeof(int64_t) * (size_t)(n + 1));
+  int64_t *g = malloc(sizeof(int64_t) * (size_t)(n + 1)), *kept = malloc(sizeof(int64_t) * (size_t)(n + 1));
   for (int s = 0; s < ns; s++)
     for (int64_t i = 0; i < segs[s].len; i++) g[k++] = segs[s].g0 + i;
   for (int64_t i0 = 0; i0 < n;) {
@@ -713,18 +715,26 @@ static int64_t partial_slow(const dsv4_range *segs, int ns, int64_t T, int64_t P
       int64_t b = a + 1;
       while (b < i1 && g[b] == g[b - 1] + 1 && g[b] % P != 0) b++;
       const int64_t first = g[a] / P * P, ext = T - first < P ? T - first : P;
-      if (b - a != ext) partial += b - a;
+      if (b - a != ext) {
+        for (int64_t i = a; i < b; i++) kept[ks++] = g[i];
+        peak = ks > peak ? ks : peak;
+        int64_t t = ks - 1; /* the stash's last run: [t, ks) */
+        while (t > 0 && kept[t] == kept[t - 1] + 1 && kept[t] % P != 0) t--;
+        const int64_t f = kept[t] / P * P, e = T - f < P ? T - f : P;
+        if (ks - t == e) ks = t;
+      }
       a = b;
     }
     i0 = i1;
   }
   free(g);
-  return partial;
+  free(kept);
+  return peak;
 }
 
 /* dsv4_partial_rows (from the segments) against the row-by-row count: every rank of contiguous and
- * zigzag splits, one stream or a batch, lengths on and off the panels; and arbitrary segment lists
- * (short pieces that share chunks, gaps, out of order) at small panels. */
+ * zigzag splits, one stream or a batch, lengths on and off the panels; and random segment lists in
+ * increasing order (short pieces that share chunks, gaps, next rows) at small panels. */
 static void partial_rows(void) {
   int good = 1, cases = 0;
   int64_t most_seen = 0;
@@ -766,16 +776,17 @@ static void partial_rows(void) {
   for (int it = 0; it < 3000; it++) {
     dsv4_range segs[12];
     seed = seed * 1103515245u + 12345u;
-    const int64_t P = (int64_t)8 << (seed >> 9) % 4, T = P * (1 + (seed >> 13) % 5) + (seed >> 17) % P;
+    const int64_t P = (int64_t)8 << (seed >> 9) % 4;
     const int ns = 1 + (int)((seed >> 22) % 12);
     for (int s = 0; s < ns; s++) {
       seed = seed * 1103515245u + 12345u;
-      const int64_t len = 1 + (seed >> 8) % (s % 3 == 0 ? 3 * P : 5);
-      int64_t g0 = (seed >> 16) % T;
-      if (s > 0 && (seed >> 28) % 2) g0 = segs[s - 1].g0 + segs[s - 1].len; /* the next rows: runs merge */
-      if (g0 + len > T) g0 = T - len < 0 ? 0 : T - len;
-      segs[s] = (dsv4_range){g0, len <= T ? len : T};
+      const int64_t len = 1 + (seed >> 8) % (s % 3 == 0 ? 9 * P : 5);
+      /* in increasing global order, as every split stores them: a gap, or the next rows (runs merge) */
+      const int64_t end = s > 0 ? segs[s - 1].g0 + segs[s - 1].len : 0;
+      const int64_t g0 = end + ((seed >> 28) % 2 ? 0 : (int64_t)((seed >> 16) % (2 * P)));
+      segs[s] = (dsv4_range){g0, len};
     }
+    const int64_t T = segs[ns - 1].g0 + segs[ns - 1].len + (int64_t)((seed >> 4) % 3) * (P / 2);
     const int64_t want = partial_slow(segs, ns, T, P), got = dsv4_partial_rows(segs, ns, T, P);
     if (got != want && good)
       tu_fail("partial rows: random case %d (P = %lld, T = %lld, %d segments): %lld, row by row %lld", it,
@@ -783,7 +794,7 @@ static void partial_rows(void) {
     good &= got == want;
     random_cases++;
   }
-  /* the worked example of partial.c: contiguous 1536 over two ranks, 256 and 768 rows */
+  /* the worked example of partial.c: contiguous 1536 over two ranks, 256 and 768 rows at once */
   const dsv4_packing ex = TU_PACKING(NULL, NULL, 0, 1536, 0);
   int64_t m0 = -1, m1 = -1, most = -1;
   const int ex_ok = dsv4_partial_rows_all(&ex, DSV4_SPLIT_CONTIGUOUS, 2, 0, &m0, &most) == DSV4_OK &&
