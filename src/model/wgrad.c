@@ -582,8 +582,8 @@ fail:
  * the wo_a groups and wq_b, each taking the whole rows that still fit); not counted: 8 beside a
  * tensor that accumulates, and blocks that leave them for xacc sums, which the caller and the data
  * decide), and of the rows that would replace them (dq and the rotated output, n x H D each; the
- * indexer queries' d qI, d w); and per row a sink keeps for its finish (rows of partial panels,
- * stash): the row of both factors of every product that goes into a sink. */
+ * indexer queries' d qI, d w); and per row a sink copies until its panel's rows meet (rows of
+ * partial panel runs, stash): the row of both factors of every product that goes into a sink. */
 static void keep_costs(const dsv4_config *cf, int selects, int64_t n, uint64_t *sink_bytes,
                        uint64_t *row_bytes, uint64_t *stash_row_bytes) {
   const uint64_t H = (uint64_t)cf->n_heads, D = (uint64_t)cf->head_dim, dq = (uint64_t)cf->q_lora_rank;
