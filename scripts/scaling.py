@@ -78,9 +78,7 @@ def limits():
     """CSA's per-rank memory as c + b S/N + a S (a: the O(S) bytes per token of the whole sequence a
     rank holds: replicated compressed kv and indexer keys, their gathered buffers, and in the backward
     the exact sums of their gradients), fitted to three plans; then the longest sequence on 1024 ranks
-    of 80 / 141 GiB as built, and if the backward's second copy of the kv gradient's exact sums (the
-    reduce-scatter's input, 16 bytes per element of the compressed kv: 2048 B per token at r = 4)
-    were not needed."""
+    of 80 / 141 GiB."""
     pts = [(4096 * 64, 64), (4096 * 1024, 1024), (4194304, 256)]
     rows, rhs = [], []
     for S, N in pts:
@@ -93,8 +91,7 @@ def limits():
           "sequence (fitted to three plans).\n")
     print("| CSA, 1024 ranks | O(S) bytes per token | longest in 80 GiB | longest in 141 GiB |")
     print("|---|---|---|---|")
-    for name, per_token in (("as built (fp32, fetch then select, exact gradient sums)", a),
-                            ("one copy of the kv gradient's exact sums", a - 2048)):
+    for name, per_token in (("as built (fp32, fetch then select, exact gradient sums)", a),):
         fits = [(bud * GiB - c) / (b / 1024 + per_token) for bud in (80, 141)]
         print(f"| {name} | {per_token:.0f} | {fits[0] / 2**20:.0f}M | {fits[1] / 2**20:.0f}M |")
 

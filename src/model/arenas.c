@@ -34,6 +34,7 @@ void dsv4_dims_of(dsv4_dims *dm, const dsv4_config *cfg, const dsv4_layer_info *
                     .selects = info->selects, .sparse = v41 ? r > 0 : r == 4, .head_norm = !v41, .n = p->n,
                     .m = p->n < DSV4_CHUNK_ROWS ? p->n : DSV4_CHUNK_ROWS, .R_kv = l->R_kv, .R_c = l->R_c,
                     .ext_kv = l->ext_kv, .n_blk = l->n_blk, .n_blk_all = l->n_blk_all,
+                    .gather_identity = p->gather_identity,
                     .n_cmp = r > 0 ? p->docs.n_cmp : 0, .H = cfg->n_heads, .D = cfg->head_dim, .d = cfg->dim,
                     .dq = cfg->q_lora_rank, .GRo = cfg->o_groups * cfg->o_lora_rank,
                     .HGD = cfg->n_heads / cfg->o_groups * cfg->head_dim, .Hi = cfg->index_n_heads,
@@ -111,7 +112,7 @@ size_t dsv4_carve_core_bwd(char *base, const dsv4_dims *m, dsv4_core_bwd_scratch
   }
   if (m->compresses) {
     const size_t Xk = 2 * sizeof(int64_t) * (size_t)dim; /* an exact row of the kv or the keys */
-    s->x_all = dsv4_carve(&c, Xk * (size_t)m->n_blk_all);
+    if (!m->gather_identity) s->x_all = dsv4_carve(&c, Xk * (size_t)m->n_blk_all);
     s->x_blk = dsv4_carve(&c, Xk * (size_t)m->n_blk);
     s->d_blk = dsv4_carve(&c, F(m->n_blk * dim));
     s->dC = dsv4_carve(&c, F(m->R_c * cdim));

@@ -149,19 +149,26 @@ fail:
 
 /* This rank's exact sums of d out [n_cmp, 2 dim] to the owners of the entries: x_all[gather[id]] =
  * x_out[id] (the transpose of select-and-pad: each block is selected once), an int64
- * reduce-scatter into x_blk, rounded once by the owner into d_blk. */
+ * reduce-scatter into x_blk, rounded once by the owner into d_blk. When the all-gathered rows are
+ * the global ids (plan.h gather_identity; x_all NULL) x_out is sent as it lies: the same rows (a
+ * normalised row merged into zeros is itself), without their second copy of 16 bytes per element. */
 static dsv4_status to_owners_exact(const dsv4_stage_env *e, int dim, const int64_t *x_out, int64_t *x_all,
                                    int64_t *x_blk, float *d_blk) {
   dsv4_status rc = DSV4_OK;
   const dsv4_layout *lay = &e->p->lay;
   const int64_t w2 = 2 * (int64_t)dim;
-  memset(x_all, 0, sizeof(int64_t) * (size_t)(lay->n_blk_all * w2));
-  for (int64_t s = 0; s < e->p->docs.n_cmp; s++) {
-    int64_t *dst = x_all + (int64_t)lay->gather[s] * w2;
-    const int64_t *src = x_out + s * w2;
-    dsv4_xacc_merge(dst, dst + dim, src, src + dim, dim);
+  static const int64_t none[1]; /* no compressed entries: nothing to send, still collective */
+  const int64_t *send = x_out ? x_out : none;
+  if (!e->p->gather_identity) {
+    memset(x_all, 0, sizeof(int64_t) * (size_t)(lay->n_blk_all * w2));
+    for (int64_t s = 0; s < e->p->docs.n_cmp; s++) {
+      int64_t *dst = x_all + (int64_t)lay->gather[s] * w2;
+      const int64_t *src = x_out + s * w2;
+      dsv4_xacc_merge(dst, dst + dim, src, src + dim, dim);
+    }
+    send = x_all;
   }
-  DSV4_TRY(dsv4_xfer_reduce_scatter_exact(e->x, x_all, x_blk, lay->n_blk, dim));
+  DSV4_TRY(dsv4_xfer_reduce_scatter_exact(e->x, send, x_blk, lay->n_blk, dim));
   for (int64_t b = 0; b < lay->n_blk; b++) dsv4_xacc_store(d_blk + b * dim, x_blk + b * w2, x_blk + b * w2 + dim, dim, 0);
 fail:
   return rc;

@@ -335,6 +335,16 @@ dsv4_status dsv4_plan_build(dsv4_plan *p, const dsv4_config *cfg, dsv4_plan_key 
     rope_cap = p->rope.cap;
   }
   DSV4_TRY(dsv4_partial_rows_all(&pk, k->split, N, me, &p->partial, &p->partial_max));
+  /* Rank q's slot blocks are rows [q n_blk, (q + 1) n_blk) of the all-gather. When every rank owns
+   * n_blk slots (no unused rows) of one stream split contiguously, rank q owns the ids [q n_blk,
+   * (q + 1) n_blk) in order: the all-gathered rows are the global ids, and the backward's exact
+   * reduce-scatter reads the compressed rows' sums as they lie (stage1.c). The same rule in both
+   * modes; the full plan checks it against the gather index. */
+  const int one_stream = N == 1 || (k->split == DSV4_SPLIT_CONTIGUOUS && !(k->batched && k->n_docs > 1));
+  p->gather_identity = k->ratio > 0 && one_stream && p->lay.n_blk * N == p->docs.n_cmp;
+  for (int64_t id = 0; p->gather_identity && p->lay.gather && id < p->docs.n_cmp; id++)
+    DSV4_CHECK(p->lay.gather[id] == id, DSV4_ERR_STATE, "internal: slot %lld is row %d of the all-gather",
+               (long long)id, p->lay.gather[id]);
   const size_t n = (size_t)p->n;
   p->bytes = n * (sizeof(int64_t) + 2 * sizeof(int32_t) + 1) + 2 * n * sizeof(int32_t) +
              (k->ratio > 0 ? 2 * n * sizeof(int32_t) + sizeof(int32_t) * (size_t)p->docs.n_cmp : 0) +

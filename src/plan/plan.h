@@ -136,6 +136,8 @@ typedef struct {
   int32_t *slot_pos, *slot_blk;       /*   RoPE position j r, row in the local slot buffer */
   int64_t *slot_gid;                  /*   global compressed id (V4.1's indexer key projection) */
   int64_t n_chunk, *chunk;            /* [n_chunk + 1] row chunk boundaries (DSV4_CHUNK_ROWS) */
+  int gather_identity;                /* the all-gathered slot blocks are the global ids in order
+                                         (gather[id] == id): contiguous, one stream, no unused slot rows */
   int64_t partial, partial_max;       /* rows of partial panel runs a product sink keeps at once: this
                                          rank's, and the most on any rank (dsv4_partial_rows) */
   int64_t max_win, max_cmp;           /* longest window, most visible compressed ids of a local query */
