@@ -57,6 +57,14 @@ def run_one(build, base_args, n, split, threads, recompute, out, env=None):
     return rc, err.strip().splitlines()[-1] if err.strip() else ""
 
 
+def same_as(build, base_args, n, split, threads, recompute, env, out, ref, label):
+    """One run with a path forced through the environment: every tensor byte for byte ref's."""
+    rc, err = run_one(build, base_args, n, split, threads, recompute, out, env)
+    if T.check(rc == 0, f"determinism: {label} runs", err) and ref is not None:
+        diff = same_bytes(ref, st.read(out))
+        T.check(not diff, f"determinism: {label}: every tensor byte for byte N=1's", "differ: " + " ".join(diff[:6]))
+
+
 def matrix(build, name, base_args, configs, tmp):
     """Per (N, split): every (threads, recompute) variant byte for byte the (1 thread, default)
     run; then every (N, split) baseline byte for byte N = 1's."""
@@ -80,13 +88,9 @@ def matrix(build, name, base_args, configs, tmp):
     one = base.get((1, "contiguous"))
 
     def forced(n, split, threads, recompute, env, tag, what):
-        """One run with a path forced through the environment: byte for byte N = 1's."""
         out = os.path.join(tmp, f"{name}_n{n}_{split}_t{threads}_r{recompute}_{tag}.st")
-        rc, err = run_one(build, base_args, n, split, threads, recompute, out, env)
         label = f"{name} N={n} {split} threads={threads}{' --recompute' if recompute else ''} {what}"
-        if T.check(rc == 0, f"determinism: {label} runs", err) and one is not None:
-            diff = same_bytes(one, st.read(out))
-            T.check(not diff, f"determinism: {label}: every tensor byte for byte N=1's", "differ: " + " ".join(diff[:6]))
+        same_as(build, base_args, n, split, threads, recompute, env, out, one, label)
 
     # the weight products' other path under CP (rows to the block's owner instead of exact sums
     # reduced; what longer V4-Flash streams take): the same bytes
@@ -189,14 +193,9 @@ def main():
                     # the zigzag rank 1 (rows 384 - 1151) panel 1; such a panel goes into the sums
                     # when its last rows come, the shared ones at the end: the same bytes
                     for n, split in ((2, "contiguous"), (2, "zigzag")):
-                        out = os.path.join(tmp, f"long_sums_{n}_{split}.st")
-                        rc, err = run_one(a.build, long_csa + ["--grad-output", dout], n, split, 1, 1, out,
-                                          {"DSV4_WGRAD_KEEP": "sums"})
-                        label = f"tiny CSA 1536 N={n} {split} --recompute, products into double sums"
-                        if T.check(rc == 0, f"determinism: {label} runs", err):
-                            diff = same_bytes(st.read(one), st.read(out))
-                            T.check(not diff, f"determinism: {label}: every tensor byte for byte N=1's",
-                                    "differ: " + " ".join(diff[:6]))
+                        same_as(a.build, long_csa + ["--grad-output", dout], n, split, 1, 1,
+                                {"DSV4_WGRAD_KEEP": "sums"}, os.path.join(tmp, f"long_sums_{n}_{split}.st"),
+                                st.read(one), f"tiny CSA 1536 N={n} {split} --recompute, products into double sums")
         # V4.1: the forward once for the shapes, then dout.{L} for every layer of the range
         fwd = os.path.join(tmp, "v41_fwd.st")
         rc, _, err = T.cli(a.build, ["run"] + V41 + ["--quiet", "--output", fwd])

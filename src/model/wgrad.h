@@ -66,10 +66,9 @@ dsv4_status dsv4_wgrad_exact(dsv4_xfer *x, const dsv4_wshape *s, const dsv4_wpie
  * chunks' partial panel runs, kept until the rank's own rows complete their panel or, for panels
  * other ranks share, until the finish (plan.h dsv4_partial_rows: the most at once; every row of a
  * zigzag rank whose pieces are half panels), counted for partial_max, the most any rank keeps;
- * else sinks. n and
- * partial_max are the same on every rank, so every rank makes the same choice (the collectives
- * follow it). DSV4_WGRAD_KEEP=rows / sums in the environment forces one (tests: both give the same
- * bits). */
+ * else sinks. n and partial_max are the same on every rank, so every rank makes the same choice
+ * (the collectives follow it). DSV4_WGRAD_KEEP=rows / sums in the environment forces one (tests:
+ * both give the same bits). */
 int dsv4_wgrad_keep_rows(const dsv4_config *cf, int selects, int64_t n, int64_t partial_max);
 /* Bytes the weight-gradient sums and rows hold at most during one backward of n local rows of T on
  * `ranks` ranks, for the planner (the choice above with recomputation, the sinks' copies of this
@@ -80,11 +79,13 @@ uint64_t dsv4_wgrad_bytes(const dsv4_config *cf, int selects, int recompute, int
                           int64_t T, int ranks, int64_t partial, int64_t partial_max);
 
 /* The planner's count of the messages of one layer backward's weight gradients on each of `size`
- * ranks (lays: every rank's layout of the layer's plan; docs its document table), added to out[q]
+ * ranks (lays: every rank's layout of the layer's plan; docs its document table; partial_max as the
+ * plan's, dsv4_partial_rows_all), added to out[q]
  * under the DSV4_MSG_WGRAD_* kinds: what dsv4_wgrad_exact and dsv4_wsinks_finish send for that
  * layer (wgrad_plan.c), with or without recomputation. */
 dsv4_status dsv4_wgrad_traffic(const dsv4_config *cf, const dsv4_layer_info *in, const dsv4_docs *docs,
-                               const dsv4_layout *lays, int size, int recompute, dsv4_cp_stats *out);
+                               const dsv4_layout *lays, int size, int recompute, int64_t partial_max,
+                               dsv4_cp_stats *out);
 
 #define DSV4_WSINKS_MAX 40
 /* lent tensors a set takes, and the pieces a product sink's low halves may lie in (one per pool,

@@ -183,7 +183,8 @@ fail:
 }
 
 dsv4_status dsv4_wgrad_traffic(const dsv4_config *cf, const dsv4_layer_info *in, const dsv4_docs *docs,
-                               const dsv4_layout *lays, int size, int recompute, dsv4_cp_stats *out) {
+                               const dsv4_layout *lays, int size, int recompute, int64_t partial_max,
+                               dsv4_cp_stats *out) {
   dsv4_status rc = DSV4_OK;
   if (size < 2) return DSV4_OK;
   const int r = docs->ratio, v41 = cf->v41 != 0;
@@ -195,12 +196,6 @@ dsv4_status dsv4_wgrad_traffic(const dsv4_config *cf, const dsv4_layer_info *in,
   const int v4_keys = !v41 && r == 4, v41_keys = v41 && in->role == DSV4_ROLE_FULL, selects = in->selects;
   /* recomputation without kept rows: wo_a's groups, wq_b and the indexer queries' projections go into
    * product sinks (layer.c layer_sinks, core_bwd.c begin_sinks) */
-  int64_t partial_max = 0;
-  for (int q = 0; recompute && q < size; q++) {
-    const int64_t k = dsv4_layout_partial_rows(&lays[q], T);
-    DSV4_CHECK(k >= 0, DSV4_ERR_NOMEM, "out of memory counting partial panel rows");
-    partial_max = k > partial_max ? k : partial_max;
-  }
   const int sinks = recompute && !dsv4_wgrad_keep_rows(cf, selects, lays[0].n, partial_max);
   DSV4_TRY(product(out, lays, size, d, G * Ro, P, T, ROWS_TOKENS, 0)); /* wo_b */
   DSV4_TRY(product(out, lays, size, D, d, P, T, ROWS_TOKENS, 0));      /* wkv */

@@ -21,8 +21,6 @@
  * Rank 1 holds [768, 1536): chunk [768, 1280) keeps [768, 1024) (panel 1) and [1024, 1280), then
  * chunk [1280, 1536) completes panel 2: 768 rows at once, then 256 again. Zigzag at T = 1024 over two
  * ranks: every chunk is two half panels that stay: every row. */
-#include <string.h>
-
 #include "plan.h"
 #include "shard.h"
 #include "util/err.h"
@@ -189,13 +187,4 @@ dsv4_status dsv4_partial_rows_all(const dsv4_packing *pk, dsv4_split split, int 
   }
   last.T = pk->T, last.units = units, last.split = split, last.size = size, last.most = *most, last.valid = 1;
   return DSV4_OK;
-}
-
-int64_t dsv4_layout_partial_rows(const dsv4_layout *lay, int64_t T) {
-  dsv4_range *r = malloc(sizeof(dsv4_range) * (size_t)(lay->n_seg > 0 ? lay->n_seg : 1));
-  if (!r) return -1;
-  for (int s = 0; s < lay->n_seg; s++) r[s] = (dsv4_range){lay->seg[s].g0, lay->seg[s].len};
-  const int64_t k = dsv4_partial_rows(r, lay->n_seg, T, dsv4_panel_rows(T));
-  free(r);
-  return k;
 }

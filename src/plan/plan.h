@@ -181,9 +181,7 @@ int64_t dsv4_chunk_end_of(const int64_t *g, int64_t n, int64_t P, int64_t i0);
  * for a panel other ranks share, until the finish. From the segments, not row by row (partial.c);
  * -1 when out of memory. */
 int64_t dsv4_partial_rows(const dsv4_range *segs, int n_seg, int64_t T, int64_t P);
-/* The same for a layout's segments (panels of T's), and for rank `rank` of the split (*mine) and
- * the most over its `size` ranks (*most). */
-int64_t dsv4_layout_partial_rows(const dsv4_layout *lay, int64_t T);
+/* The same for rank `rank` of the split (*mine) and the most over its `size` ranks (*most). */
 dsv4_status dsv4_partial_rows_all(const dsv4_packing *pk, dsv4_split split, int size, int rank, int64_t *mine,
                                   int64_t *most);
 

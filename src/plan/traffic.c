@@ -114,7 +114,10 @@ static dsv4_status traffic_all(const dsv4_config *cfg, int layer, const dsv4_pac
     }
   }
   /* the backward's weight gradients, summed over the ranks */
-  DSV4_TRY(dsv4_wgrad_traffic(cfg, &in, &p.docs, p.lays, size, recompute, out));
+  int64_t partial = 0, partial_max = 0; /* the rows the recomputed backward's sinks keep (plan.h) */
+  const dsv4_split split = cp ? cp->split : DSV4_SPLIT_CONTIGUOUS;
+  if (recompute) DSV4_TRY(dsv4_partial_rows_all(pk, split, size, 0, &partial, &partial_max));
+  DSV4_TRY(dsv4_wgrad_traffic(cfg, &in, &p.docs, p.lays, size, recompute, partial_max, out));
   /* attention rows moved between ranks (the fast path's) */
   DSV4_ALLOC(off, size);
   dsv4_token_cost tc;
