@@ -1,6 +1,7 @@
 /* arenas.c: the carve functions of arenas.h: the one description of what a layer call holds. */
 #include "arenas.h"
 
+#include "ops/kernels.h"
 #include "util/par.h"
 #include "util/workspace.h"
 
@@ -200,7 +201,14 @@ size_t dsv4_layer_scratch_bytes(const dsv4_dims *dm) {
 
 size_t dsv4_kernel_scratch_bytes(const dsv4_dims *m, int threads) {
   const size_t nt = threads > 1 ? (size_t)threads : 1, x = 2 * sizeof(int64_t);
-  const size_t attn = x * (size_t)m->H; /* its window and compressed sums are the core's x_ext, x_cmp */
-  const size_t kl = m->selects ? x * (size_t)(m->n_cmp * m->Di) : 0;
+  /* the attention backward: its sink sums (its window and compressed sums are the core's x_ext,
+   * x_cmp) and its workspace; a query's compressed keys are the top-k or at most all its keys */
+  const int64_t ncmax = m->sparse ? m->k : m->ratio > 0 ? m->max_keys : 0;
+  const size_t attn =
+      x * (size_t)m->H + dsv4_sparse_attn_bwd_thread_bytes(m->H, m->D, m->max_keys + 1, ncmax, m->n_cmp);
+  const size_t kl = m->selects ? x * (size_t)(m->n_cmp * m->Di) +
+                                     dsv4_kl_thread_bytes(m->H, m->D, m->Hi, m->Di,
+                                                          m->sparse_kl ? m->k : m->n_cmp, m->n_cmp, 1)
+                               : 0;
   return nt * (attn > kl ? attn : kl);
 }

@@ -5,6 +5,7 @@
  *   dq_idx = G [Hi, n] x K [n, Di],  dk_idx = G^T x q_idx  (4 Hi Di n)
  * With V4-Flash sizes (n = 512) that is 34 + 8 + 17 MFLOP per query on 1.25 MiB of gathered rows. */
 #include "attn_common.h"
+#include "kernels.h"
 #include "util/err.h"
 #include "util/gemm.h"
 #include "util/par.h"
@@ -15,18 +16,31 @@
 /* Heads whose weight gradients are summed side by side (one add chain each). */
 #define KL_HEADS 16
 
+/* Queries whose k_idx gradient rows are added as one group (dsv4_xrows_add_group, as the sparse
+ * attention's key gradients): at most KL_GROUP, their buffered rows at most KL_GROUP_BYTES. */
+#define KL_GROUP       DSV4_XROWS_LISTS
+#define KL_GROUP_BYTES ((int64_t)4 << 20)
+
+static int kl_group(const dsv4_kl_args *a, int64_t nmax) {
+  const int64_t per = nmax * a->Di * (int64_t)sizeof(float), g = per > 0 ? KL_GROUP_BYTES / per : KL_GROUP;
+  return g < 1 ? 1 : g > KL_GROUP ? KL_GROUP : (int)g;
+}
+
 /* Per-thread scratch: one query's n <= nmax selected rows (ids, gathered main and indexer keys,
- * the indexer keys' gradients), logits Z [H, n] and SI [Hi, n], teacher t [n], student I [n], a
- * group of heads' weight-gradient products P [KL_HEADS, n]. */
+ * scratch dKi), logits Z [H, n] and SI [Hi, n], teacher t [n], student I [n], a group of heads'
+ * weight-gradient products P [KL_HEADS, n]; a group of G queries' row ids and k_idx gradients
+ * (rows_g [G, nmax], dKg [G, nmax, Di]) and the group add's scratch over C rows. */
 typedef struct {
-  int32_t *rows;
-  float *Kc, *Ki, *Z, *SI, *t, *I, *dKi, *P;
+  int32_t *rows, *rows_g;
+  float *Kc, *Ki, *Z, *SI, *t, *I, *dKi, *P, *dKg;
+  dsv4_xrows_group grp;
 } kl_scratch;
 
-static size_t kl_carve(char *base, const dsv4_kl_args *a, int64_t nmax, kl_scratch *s) {
+static size_t kl_carve(char *base, const dsv4_kl_args *a, int64_t nmax, int G, kl_scratch *s) {
   dsv4_carver c = {base, 0};
   const size_t n = (size_t)nmax;
-  s->rows = dsv4_carve(&c, sizeof(int32_t) * n);
+  s->rows_g = dsv4_carve(&c, sizeof(int32_t) * n * (size_t)G);
+  s->rows = s->rows_g;
   s->Kc = dsv4_carve(&c, sizeof(float) * n * (size_t)a->D);
   s->Ki = dsv4_carve(&c, sizeof(float) * n * (size_t)a->Di);
   s->dKi = dsv4_carve(&c, sizeof(float) * n * (size_t)a->Di);
@@ -35,6 +49,9 @@ static size_t kl_carve(char *base, const dsv4_kl_args *a, int64_t nmax, kl_scrat
   s->t = dsv4_carve(&c, sizeof(float) * n);
   s->I = dsv4_carve(&c, sizeof(float) * (n + 1));
   s->P = dsv4_carve(&c, sizeof(float) * n * KL_HEADS);
+  s->dKg = a->d_k_idx ? dsv4_carve(&c, sizeof(float) * n * (size_t)G * (size_t)a->Di) : NULL;
+  s->grp = (dsv4_xrows_group){0}; /* no lists: its count picks the query's row slot either way */
+  if (a->d_k_idx) dsv4_xrows_group_carve(&c, a->C, nmax * G, &s->grp);
   return c.used;
 }
 
@@ -43,6 +60,14 @@ static void compact_row(const dsv4_kl_args *a, const float *v, int64_t p, float 
   int n = 0;
   for (int j = 0; j < a->topk; j++)
     if (a->topk_ids[p * a->topk + j] >= 0) out[n++] = v[p * a->topk + j];
+}
+
+size_t dsv4_kl_thread_bytes(int H, int D, int Hi, int Di, int64_t nmax, int64_t C, int k_grad) {
+  float one = 0;
+  const dsv4_kl_args a = {.H = H, .D = D, .Hi = Hi, .Di = Di, .C = C, .d_k_idx = k_grad ? &one : NULL};
+  kl_scratch sc;
+  nmax = nmax > 1 ? nmax : 1;
+  return kl_carve(NULL, &a, nmax, kl_group(&a, nmax), &sc);
 }
 
 /* SI [Hi, n] = q_idx[p] . k_idx rows^T (the rows gathered into s->Ki). */
@@ -81,11 +106,11 @@ static void weight_grads(float *restrict si, const float *restrict dI, const flo
   }
 }
 
-/* One query: returns its loss term and writes its gradients; its k_idx gradient rows go into the
- * exact accumulator xk (NULL: not wanted) and *bad is set by a term out of its range.
+/* One query: returns its loss term and writes its gradients; its k_idx gradient rows [n, Di] go to
+ * dk (NULL: not wanted; the caller adds them exactly).
  * The teacher and the student scores come from the caller when given (sparse mode), else from
  * products here; the gradient needs the per-head student logits (ReLU mask), recomputed here. */
-static double one_query(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s, dsv4_xrows *xk, int *bad) {
+static double one_query(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s, float *dk) {
   const int H = a->H, D = a->D, Hi = a->Hi, Di = a->Di;
   const int given = !a->dense;
   int have_si = 0;
@@ -116,7 +141,7 @@ static double one_query(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s, 
   const double lse = m + log(dsv4_sum(s->dKi, n));
   for (int j = 0; j < n; j++)
     if (s->t[j] > 0) loss += s->t[j] * (log(s->t[j]) - (s->I[j] - lse));
-  if (!a->d_q_idx && !a->d_weights && !xk) return loss;
+  if (!a->d_q_idx && !a->d_weights && !dk) return loss;
   /* dI_j = grad_scale (s_j - t_j);  d w_h = sum_j dI_j ReLU(SI_hj);  G_hj = dI_j w_h [SI_hj > 0] */
   if (!have_si) student_logits(a, p, n, s);
   float *dI = s->I;
@@ -126,10 +151,7 @@ static double one_query(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s, 
     weight_grads(s->SI + (int64_t)h0 * n, dI, w + h0, nh, n, s->P, a->d_weights ? a->d_weights + p * Hi + h0 : NULL);
   }
   if (a->d_q_idx) dsv4_gemm_nn(Hi, Di, n, 1.0f, s->SI, n, s->Ki, Di, 0.0f, a->d_q_idx + p * Hi * Di, Di);
-  if (xk) {
-    dsv4_gemm_tn(n, Di, Hi, 1.0f, s->SI, n, a->q_idx + p * Hi * Di, Di, 0.0f, s->dKi, Di);
-    for (int j = 0; j < n; j++) *bad |= dsv4_xrows_add(xk, s->rows[j], s->dKi + (int64_t)j * Di, 1);
-  }
+  if (dk) dsv4_gemm_tn(n, Di, Hi, 1.0f, s->SI, n, a->q_idx + p * Hi * Di, Di, 0.0f, dk, Di);
   return loss;
 }
 
@@ -151,24 +173,32 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
   DSV4_ALLOC(terms, a->S1 + 1);
   if (a->d_k_idx) DSV4_TRY(dsv4_xrows_alloc(&xk, 0, a->C, Di, nt, "indexer_kl_loss"));
   kl_scratch sc;
-  DSV4_TRY(dsv4_ws_alloc(&ws, kl_carve(NULL, a, nmax, &sc), nt, "indexer_kl_loss"));
+  const int G = kl_group(a, nmax);
+  DSV4_TRY(dsv4_ws_alloc(&ws, kl_carve(NULL, a, nmax, G, &sc), nt, "indexer_kl_loss"));
   int64_t valid = 0;
   int bad = 0;
 #pragma omp parallel num_threads(nt) reduction(+ : valid) reduction(| : bad) private(sc)
   {
     dsv4_blas_serial();
-    kl_carve(dsv4_ws_thread(&ws), a, nmax, &sc);
-#pragma omp for schedule(dynamic, 8)
-    for (int64_t p = 0; p < a->S1; p++) {
-      terms[p] = 0;
-      const int n = dsv4_kl_rows(a, p, sc.rows);
-      if (n == 0) {
-        if (a->d_q_idx) memset(a->d_q_idx + p * Hi * Di, 0, sizeof(float) * Hi * Di);
-        if (a->d_weights) memset(a->d_weights + p * Hi, 0, sizeof(float) * Hi);
-        continue;
+    kl_carve(dsv4_ws_thread(&ws), a, nmax, G, &sc);
+    if (a->d_k_idx) dsv4_xrows_group_clear(&sc.grp, a->C);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t p0 = 0; p0 < a->S1; p0 += G) {
+      for (int64_t p = p0; p < p0 + G && p < a->S1; p++) {
+        terms[p] = 0;
+        sc.rows = sc.rows_g + (int64_t)sc.grp.nl * nmax;
+        const int n = dsv4_kl_rows(a, p, sc.rows);
+        if (n == 0) {
+          if (a->d_q_idx) memset(a->d_q_idx + p * Hi * Di, 0, sizeof(float) * Hi * Di);
+          if (a->d_weights) memset(a->d_weights + p * Hi, 0, sizeof(float) * Hi);
+          continue;
+        }
+        valid++;
+        float *dk = a->d_k_idx ? sc.dKg + (int64_t)sc.grp.nl * nmax * Di : NULL;
+        terms[p] = one_query(a, p, n, &sc, dk);
+        if (dk) dsv4_xrows_group_push(&sc.grp, sc.rows, n, dk);
       }
-      valid++;
-      terms[p] = one_query(a, p, n, &sc, a->d_k_idx ? &xk : NULL, &bad);
+      if (a->d_k_idx) bad |= dsv4_xrows_add_group(&xk, &sc.grp);
     }
   }
   xk.bad = bad;

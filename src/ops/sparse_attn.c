@@ -12,6 +12,7 @@
 #include "sparse_attn.h"
 
 #include "attn_common.h"
+#include "kernels.h"
 #include "util/err.h"
 #include "util/gemm.h"
 #include "util/par.h"
@@ -55,10 +56,27 @@ typedef struct {
   float *QO;      /* [2H, D] q and dO stacked */
   float *delta;   /* [H] */
   float *tsink;   /* [H] one query's sink gradient terms */
-  int32_t *rows;  /* [max cmp] */
+  int32_t *rows;  /* [G, max cmp + 1] the compressed rows of a group's queries */
+  float *dKg;     /* [G, max cmp, D] their compressed keys' gradients, added as one group */
+  dsv4_xrows_group grp;
 } bwd_scratch;
 
-static size_t bwd_carve(char *base, const dsv4_attn_args *a, int64_t nmax, int64_t ncmax, bwd_scratch *s) {
+/* Queries whose compressed-key gradients are added together (dsv4_xrows_add_group): neighbouring
+ * queries select mostly the same rows, and a CSA query's 512 rows of sums (16 bytes per element:
+ * 4 MiB) spill the cache, so adding a row's terms of the whole group in one pass cuts the traffic
+ * on the sums by about the group's size. At most BWD_GROUP queries, and their buffered gradients
+ * at most BWD_GROUP_BYTES per thread (an HCA query at long lengths has thousands of rows). */
+#define BWD_GROUP       DSV4_XROWS_LISTS
+#define BWD_GROUP_BYTES ((int64_t)8 << 20)
+
+static int bwd_group(const dsv4_attn_args *a, int64_t ncmax) {
+  const int64_t per = ncmax * a->D * (int64_t)sizeof(float), g = per > 0 ? BWD_GROUP_BYTES / per : BWD_GROUP;
+  return g < 1 ? 1 : g > BWD_GROUP ? BWD_GROUP : (int)g;
+}
+
+/* C: the rows of the compressed sums; G: the group's size. */
+static size_t bwd_carve(char *base, const dsv4_attn_args *a, int64_t nmax, int64_t ncmax, int64_t C, int G,
+                        bwd_scratch *s) {
   dsv4_carver c = {base, 0};
   const size_t H = (size_t)a->H, D = (size_t)a->D;
   s->SP = dsv4_carve(&c, sizeof(float) * 2 * H * (size_t)nmax);
@@ -67,8 +85,16 @@ static size_t bwd_carve(char *base, const dsv4_attn_args *a, int64_t nmax, int64
   s->QO = dsv4_carve(&c, sizeof(float) * 2 * H * D);
   s->delta = dsv4_carve(&c, sizeof(float) * H);
   s->tsink = dsv4_carve(&c, sizeof(float) * H);
-  s->rows = dsv4_carve(&c, sizeof(int32_t) * (size_t)(ncmax + 1));
+  s->rows = dsv4_carve(&c, sizeof(int32_t) * (size_t)G * (size_t)(ncmax + 1));
+  s->dKg = dsv4_carve(&c, sizeof(float) * ((size_t)G * (size_t)ncmax * D + 1));
+  dsv4_xrows_group_carve(&c, C, (int64_t)G * ncmax, &s->grp);
   return c.used;
+}
+
+size_t dsv4_sparse_attn_bwd_thread_bytes(int H, int D, int64_t nmax, int64_t ncmax, int64_t C) {
+  const dsv4_attn_args a = {.H = H, .D = D};
+  bwd_scratch sc;
+  return bwd_carve(NULL, &a, nmax, ncmax, C, bwd_group(&a, ncmax), &sc);
 }
 
 static int64_t max_win(const dsv4_attn_args *a) {
@@ -254,7 +280,8 @@ static void bwd_block(const dsv4_attn_args *a, const float *QO, const float *lse
 /* Key gradients are sums over queries, which the threads share out: each thread adds its queries'
  * terms into its own exact accumulator (util/xrows.h), merged after the loop, so d_ori_kv, d_cmp_kv
  * and d_sink are the same bits for every thread count and every split of the queries into calls
- * that add the same terms. Window rows are accumulated only over the range the queries touch.
+ * that add the same terms. Window rows are accumulated only over the range the queries touch; the
+ * compressed rows' terms of a group of neighbouring queries are added together (bwd_group).
  * x_ori / x_cmp (views, may be NULL): the caller's sums over several calls, left unrounded; the
  * float outputs d_ori_kv / d_cmp_kv are then not written. */
 dsv4_status dsv4_sparse_attn_bwd_into(const dsv4_attn_bwd_args *b, dsv4_xrows *x_ori, dsv4_xrows *x_cmp) {
@@ -296,44 +323,49 @@ dsv4_status dsv4_sparse_attn_bwd_into_progress(const dsv4_attn_bwd_args *b, dsv4
   }
   DSV4_TRY(dsv4_xrows_alloc(&xs, 0, 1, H, nt, "sparse_attn backward"));
   bwd_scratch sc;
-  DSV4_TRY(dsv4_ws_alloc(&ws, bwd_carve(NULL, a, nmax, ncmax, &sc), nt, "sparse_attn backward"));
+  const int G = bwd_group(a, ncmax);
+  DSV4_TRY(dsv4_ws_alloc(&ws, bwd_carve(NULL, a, nmax, ncmax, xc.rows, G, &sc), nt, "sparse_attn backward"));
   int bad = 0;
 #pragma omp parallel num_threads(nt) private(sc) reduction(| : bad)
   {
     dsv4_blas_serial();
-    bwd_carve(dsv4_ws_thread(&ws), a, nmax, ncmax, &sc);
+    bwd_carve(dsv4_ws_thread(&ws), a, nmax, ncmax, xc.rows, G, &sc);
+    dsv4_xrows_group_clear(&sc.grp, xc.rows);
     float *Kc = sc.Kc, *dK = sc.dKc, *QO = sc.QO, *delta = sc.delta, *tsink = sc.tsink;
-#pragma omp for schedule(dynamic, 8)
-    for (int64_t p = 0; p < a->S1; p++) {
-      if (progress && dsv4_thread_id() == 0) progress(ctx);
-      const float *q = a->q + p * H * D, *dO = b->dout + p * H * D, *O = b->out + p * H * D;
-      const float *lse = b->lse + p * H;
-      float *dq = b->dq + p * H * D;
-      const int nw = a->win_len[p];
-      if (nw == 0) {
-        memset(dq, 0, sizeof(float) * H * D);
-        continue;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t p0 = 0; p0 < a->S1; p0 += G) {
+      for (int64_t p = p0; p < p0 + G && p < a->S1; p++) {
+        if (progress && dsv4_thread_id() == 0) progress(ctx);
+        const float *q = a->q + p * H * D, *dO = b->dout + p * H * D, *O = b->out + p * H * D;
+        const float *lse = b->lse + p * H;
+        float *dq = b->dq + p * H * D;
+        const int nw = a->win_len[p];
+        if (nw == 0) {
+          memset(dq, 0, sizeof(float) * H * D);
+          continue;
+        }
+        for (int h = 0; h < H; h++) {
+          const float s = dsv4_dot(dO + (int64_t)h * D, O + (int64_t)h * D, D);
+          delta[h] = s;
+          tsink[h] = -(dsv4_exp_neg(a->sink[h] - lse[h]) * s);
+        }
+        bad |= dsv4_xrows_add(&xs, 0, tsink, 1);
+        memcpy(QO, q, sizeof(float) * H * D);
+        memcpy(QO + H * D, dO, sizeof(float) * H * D);
+        const int64_t ws0 = a->win_start[p];
+        const float *S_w = b->scores ? b->scores + p * a->score_stride : NULL;
+        const float *S_c = S_w ? S_w + (int64_t)H * nw : NULL;
+        bwd_block(a, QO, lse, delta, a->ori_kv + ws0 * D, nw, S_w, sc.SP, dq, 1, dK);
+        bad |= dsv4_xrows_add(&xo, ws0, dK, nw);
+        int32_t *rows = sc.rows + (int64_t)sc.grp.nl * (ncmax + 1);
+        float *dKg = sc.dKg + (int64_t)sc.grp.nl * ncmax * D;
+        int nc;
+        const float *K = cmp_keys(a, p, rows, Kc, &nc);
+        if (nc == 0) continue;
+        bwd_block(a, QO, lse, delta, K, nc, S_c, sc.SP, dq, 0, dKg);
+        dsv4_xrows_group_push(&sc.grp, rows, nc, dKg);
       }
-      for (int h = 0; h < H; h++) {
-        const float s = dsv4_dot(dO + (int64_t)h * D, O + (int64_t)h * D, D);
-        delta[h] = s;
-        tsink[h] = -(dsv4_exp_neg(a->sink[h] - lse[h]) * s);
-      }
-      bad |= dsv4_xrows_add(&xs, 0, tsink, 1);
-      memcpy(QO, q, sizeof(float) * H * D);
-      memcpy(QO + H * D, dO, sizeof(float) * H * D);
-      const int64_t ws0 = a->win_start[p];
-      const float *S_w = b->scores ? b->scores + p * a->score_stride : NULL, *S_c = S_w ? S_w + (int64_t)H * nw : NULL;
-      bwd_block(a, QO, lse, delta, a->ori_kv + ws0 * D, nw, S_w, sc.SP, dq, 1, dK);
-      bad |= dsv4_xrows_add(&xo, ws0, dK, nw);
-      int nc;
-      const float *K = cmp_keys(a, p, sc.rows, Kc, &nc);
-      if (nc == 0) continue;
-      bwd_block(a, QO, lse, delta, K, nc, S_c, sc.SP, dq, 0, dK);
-      if (a->cmp_ids)
-        for (int j = 0; j < nc; j++) bad |= dsv4_xrows_add(&xc, sc.rows[j], dK + (int64_t)j * D, 1);
-      else
-        bad |= dsv4_xrows_add(&xc, sc.rows[0], dK, nc);
+      bad |= dsv4_xrows_add_group(&xc, &sc.grp);
     }
   }
   DSV4_CHECK(!bad, DSV4_ERR_ARG, "sparse_attn backward: a gradient term is not finite or not below 2^24 (the exact "

@@ -16,6 +16,57 @@ fail:
   return rc;
 }
 
+void dsv4_xrows_group_carve(dsv4_carver *c, int64_t rows, int64_t cap, dsv4_xrows_group *g) {
+  const size_t r = (size_t)(rows > 0 ? rows : 1), k = (size_t)(cap > 0 ? cap : 1);
+  g->slot = dsv4_carve(c, sizeof(int32_t) * r);
+  g->uniq = dsv4_carve(c, sizeof(int32_t) * k);
+  g->cnt = dsv4_carve(c, sizeof(int32_t) * k);
+  g->start = dsv4_carve(c, sizeof(int64_t) * k);
+  g->terms = dsv4_carve(c, sizeof(const float *) * k);
+}
+
+void dsv4_xrows_group_clear(dsv4_xrows_group *g, int64_t rows) {
+  for (int64_t r = 0; r < rows; r++) g->slot[r] = -1;
+  g->nl = 0;
+}
+
+int dsv4_xrows_add_group(dsv4_xrows *x, dsv4_xrows_group *g) {
+  const int64_t w = x->w;
+  int32_t nu = 0;
+  /* the distinct rows and how many terms each takes, then the terms in place by row (a counting sort) */
+  for (int l = 0; l < g->nl; l++)
+    for (int j = 0; j < g->list_n[l]; j++) {
+      const int64_t r = g->list_rows[l][j] - x->r0;
+      int32_t s = g->slot[r];
+      if (s < 0) {
+        s = g->slot[r] = nu++;
+        g->uniq[s] = (int32_t)r;
+        g->cnt[s] = 0;
+      }
+      g->cnt[s]++;
+    }
+  int64_t off = 0;
+  for (int32_t u = 0; u < nu; u++) {
+    g->start[u] = off;
+    off += g->cnt[u];
+    g->cnt[u] = 0;
+  }
+  for (int l = 0; l < g->nl; l++)
+    for (int j = 0; j < g->list_n[l]; j++) {
+      const int32_t s = g->slot[g->list_rows[l][j] - x->r0];
+      g->terms[g->start[s] + g->cnt[s]++] = g->list_t[l] + (int64_t)j * w;
+    }
+  g->nl = 0;
+  int64_t *base = x->base + (size_t)dsv4_thread_id() * (size_t)x->rows * 2 * (size_t)w;
+  int bad = 0;
+  for (int32_t u = 0; u < nu; u++) {
+    int64_t *acc = base + (int64_t)g->uniq[u] * 2 * w;
+    bad |= dsv4_xacc_addk_(acc, acc + w, g->terms + g->start[u], g->cnt[u], w, 0);
+    g->slot[g->uniq[u]] = -1;
+  }
+  return bad;
+}
+
 void dsv4_xrows_merge(dsv4_xrows *x) {
   const int64_t w = x->w, per = x->rows * 2 * w;
   if (x->nt < 2) return;

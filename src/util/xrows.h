@@ -16,6 +16,7 @@
 
 #include "dsv4cp.h"
 #include "util/par.h"
+#include "util/workspace.h"
 #include "util/xacc.h"
 
 typedef struct {
@@ -47,6 +48,37 @@ static inline int dsv4_xrows_add(dsv4_xrows *x, int64_t row, const float *t, int
   for (int64_t i = 0; i < n; i++, acc += 2 * w, t += w) bad |= dsv4_xacc_add(acc, acc + w, t, w);
   return bad;
 }
+
+/* Lists of rows and their terms added as one group (dsv4_xrows_add_group), with the scratch that
+ * finds the rows they share: at most DSV4_XROWS_LISTS lists, cap terms in all, over an accumulator
+ * of `rows` rows. */
+#define DSV4_XROWS_LISTS 8
+typedef struct {
+  int32_t *slot;       /* [rows]: a row's place among the group's distinct rows, or -1 between groups */
+  int32_t *uniq, *cnt; /* [cap]: the distinct rows in the order first seen, their term counts */
+  int64_t *start;      /* [cap]: where a distinct row's terms begin in terms */
+  const float **terms; /* [cap]: the group's terms, ordered by distinct row */
+  const int32_t *list_rows[DSV4_XROWS_LISTS];
+  const float *list_t[DSV4_XROWS_LISTS];
+  int list_n[DSV4_XROWS_LISTS];
+  int nl; /* lists pushed since the last add */
+} dsv4_xrows_group;
+
+/* Carves a group's scratch (on a NULL base: counts its bytes); dsv4_xrows_group_clear before use. */
+void dsv4_xrows_group_carve(dsv4_carver *c, int64_t rows, int64_t cap, dsv4_xrows_group *g);
+void dsv4_xrows_group_clear(dsv4_xrows_group *g, int64_t rows);
+
+/* One more list: rows[j] += t + j w for j < n (the arrays must live until the add). */
+static inline void dsv4_xrows_group_push(dsv4_xrows_group *g, const int32_t *rows, int n, const float *t) {
+  g->list_rows[g->nl] = rows, g->list_t[g->nl] = t, g->list_n[g->nl++] = n;
+}
+
+/* Adds the pushed lists on the calling thread's copy and empties the group. A row that several lists
+ * name takes all its terms in one pass over its sums (dsv4_xacc_addk), so each distinct row's sums
+ * are read and written once per group, not once per list (key gradients of neighbouring queries,
+ * which select mostly the same rows). Exact integer adds: the same sums as dsv4_xrows_add list by
+ * list. Nonzero: a bad term. */
+int dsv4_xrows_add_group(dsv4_xrows *x, dsv4_xrows_group *g);
 
 /* While a backward's gradient sinks are active (model/wgrad.h), rows bound for a registered
  * gradient tensor are merged into its exact sums instead (returns 1; 0: not registered). */

@@ -188,6 +188,55 @@ static void rows_any_threads(void) {
   free(t), free(o1), free(o3);
 }
 
+/* Lists of rows added as groups (dsv4_xrows_add_group: a row named by several lists, or twice by
+ * one, takes its terms in one pass) give the bits of adding them row by row; the row map is clear
+ * after each group, and a bad term is reported. */
+static void rows_group(void) {
+  enum { R = 29, R0 = 5, W = 37, L = DSV4_XROWS_LISTS, N = 40, GROUPS = 9 };
+  float *t = malloc(sizeof(float) * GROUPS * L * N * W), *o1 = calloc(R * W, sizeof(float));
+  float *o2 = calloc(R * W, sizeof(float));
+  int32_t *rows = malloc(sizeof(int32_t) * GROUPS * L * N);
+  tu_fill(t, GROUPS * L * N * W, 21, 300.0f);
+  uint32_t s = 7;
+  for (int i = 0; i < GROUPS * L * N; i++) {
+    s = s * 1664525u + 1013904223u;
+    rows[i] = R0 + (int32_t)((s >> 8) % R);
+  }
+  dsv4_xrows x1, x2;
+  tu_ok(dsv4_xrows_alloc(&x1, R0, R, W, 1, "test"), "xrows alloc");
+  tu_ok(dsv4_xrows_alloc(&x2, R0, R, W, 1, "test"), "xrows alloc");
+  dsv4_xrows_group g;
+  dsv4_carver c = {NULL, 0};
+  dsv4_xrows_group_carve(&c, R, L * N, &g);
+  char *ws = malloc(c.used);
+  c = (dsv4_carver){ws, 0};
+  dsv4_xrows_group_carve(&c, R, L * N, &g);
+  dsv4_xrows_group_clear(&g, R);
+  int bad = 0, clear = 1;
+  for (int gi = 0; gi < GROUPS; gi++) {
+    const int nl = 1 + gi % L; /* 1 to L lists of 0 to N - 1 rows */
+    for (int l = 0; l < nl; l++) {
+      const int64_t i = ((int64_t)gi * L + l) * N;
+      const int n = (gi + 3 * l) % N;
+      for (int j = 0; j < n; j++) bad |= dsv4_xrows_add(&x1, rows[i + j], t + (i + j) * W, 1);
+      dsv4_xrows_group_push(&g, rows + i, n, t + i * W);
+    }
+    bad |= dsv4_xrows_add_group(&x2, &g);
+    for (int r = 0; r < R; r++) clear &= g.slot[r] == -1;
+  }
+  tu_check(!bad, "xrows group: terms in range");
+  tu_check(clear, "xrows group: the row map is clear after each group");
+  tu_ok(dsv4_xrows_finish(&x1, o1, "test"), "xrows finish");
+  tu_ok(dsv4_xrows_finish(&x2, o2, "test"), "xrows finish");
+  tu_check(!memcmp(o1, o2, sizeof(float) * R * W), "xrows group: the bits of adding row by row");
+  tu_ok(dsv4_xrows_alloc(&x2, R0, R, W, 1, "test"), "xrows alloc");
+  t[3 * W + 4] = INFINITY;
+  dsv4_xrows_group_push(&g, rows, 4, t);
+  tu_check(dsv4_xrows_add_group(&x2, &g) != 0, "xrows group: a non-finite term is reported");
+  dsv4_xrows_free(&x2);
+  free(ws), free(rows), free(t), free(o1), free(o2);
+}
+
 /* dx-style row products in global panels, added to what the rows hold: a shard's rows equal the whole
  * stream's bits, with 1 and 2 threads. */
 static void rows_nn_panels(void) {
@@ -609,17 +658,12 @@ static void wgrad_double_sums(void) {
 }
 
 static const tu_test TESTS[] = {
-  {"xacc", "order-independent", order_independent},
-  {"xacc", "vector-is-scalar", vector_is_scalar},
-  {"xacc", "grouped-is-serial", grouped_is_serial},
-  {"xacc", "refuses-bad-terms", refuses_bad_terms},
-  {"xacc", "rows-any-threads", rows_any_threads},
-  {"backward", "rows-nn-panels", rows_nn_panels},
-  {"backward", "rows-nn-mapped", rows_nn_mapped},
-  {"backward", "wgrad-panels", wgrad_panels},
-  {"backward", "wgrad-strips", wgrad_strips},
-  {"backward", "wgrad-row-strips", wgrad_row_strips},
-  {"backward", "wgrad-double-sums", wgrad_double_sums},
+    {"xacc", "order-independent", order_independent},   {"xacc", "vector-is-scalar", vector_is_scalar},
+    {"xacc", "grouped-is-serial", grouped_is_serial},   {"xacc", "refuses-bad-terms", refuses_bad_terms},
+    {"xacc", "rows-any-threads", rows_any_threads},     {"xacc", "rows-group", rows_group},
+    {"backward", "rows-nn-panels", rows_nn_panels},     {"backward", "rows-nn-mapped", rows_nn_mapped},
+    {"backward", "wgrad-panels", wgrad_panels},         {"backward", "wgrad-strips", wgrad_strips},
+    {"backward", "wgrad-row-strips", wgrad_row_strips}, {"backward", "wgrad-double-sums", wgrad_double_sums},
 };
 
 int main(int argc, char **argv) { return tu_run(argc, argv, TESTS, (int)(sizeof TESTS / sizeof TESTS[0])); }
