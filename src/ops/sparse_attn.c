@@ -52,12 +52,12 @@ static size_t fwd_carve(char *base, const dsv4_attn_args *a, int64_t ncmax, fwd_
 typedef struct {
   float *SP;      /* [2H, max keys] dS and P of one block */
   float *Kc;      /* [max cmp, D] gathered compressed keys */
-  float *dKc;     /* [max keys, D] one block's key gradients */
   float *QO;      /* [2H, D] q and dO stacked */
   float *delta;   /* [H] */
   float *tsink;   /* [H] one query's sink gradient terms */
   int32_t *rows;  /* [G, max cmp + 1] the compressed rows of a group's queries */
-  float *dKg;     /* [G, max cmp, D] their compressed keys' gradients, added as one group */
+  float *dKg;     /* [G, max keys, D] their compressed keys' gradients, added as one group; a query's
+                     window keys' gradients use its slot first (added at once) */
   dsv4_xrows_group grp;
 } bwd_scratch;
 
@@ -65,12 +65,13 @@ typedef struct {
  * queries select mostly the same rows, and a CSA query's 512 rows of sums (16 bytes per element:
  * 4 MiB) spill the cache, so adding a row's terms of the whole group in one pass cuts the traffic
  * on the sums by about the group's size. At most BWD_GROUP queries, and their buffered gradients
- * at most BWD_GROUP_BYTES per thread (an HCA query at long lengths has thousands of rows). */
+ * at most BWD_GROUP_BYTES per thread (CSA: 4 queries; an HCA query at long lengths has thousands of
+ * rows). One query when there are no compressed keys. */
 #define BWD_GROUP       DSV4_XROWS_LISTS
-#define BWD_GROUP_BYTES ((int64_t)8 << 20)
+#define BWD_GROUP_BYTES ((int64_t)4 << 20)
 
 static int bwd_group(const dsv4_attn_args *a, int64_t ncmax) {
-  const int64_t per = ncmax * a->D * (int64_t)sizeof(float), g = per > 0 ? BWD_GROUP_BYTES / per : BWD_GROUP;
+  const int64_t per = ncmax * a->D * (int64_t)sizeof(float), g = per > 0 ? BWD_GROUP_BYTES / per : 1;
   return g < 1 ? 1 : g > BWD_GROUP ? BWD_GROUP : (int)g;
 }
 
@@ -81,12 +82,11 @@ static size_t bwd_carve(char *base, const dsv4_attn_args *a, int64_t nmax, int64
   const size_t H = (size_t)a->H, D = (size_t)a->D;
   s->SP = dsv4_carve(&c, sizeof(float) * 2 * H * (size_t)nmax);
   s->Kc = dsv4_carve(&c, sizeof(float) * ((size_t)ncmax * D + 1));
-  s->dKc = dsv4_carve(&c, sizeof(float) * ((size_t)nmax * D + 1));
   s->QO = dsv4_carve(&c, sizeof(float) * 2 * H * D);
   s->delta = dsv4_carve(&c, sizeof(float) * H);
   s->tsink = dsv4_carve(&c, sizeof(float) * H);
   s->rows = dsv4_carve(&c, sizeof(int32_t) * (size_t)G * (size_t)(ncmax + 1));
-  s->dKg = dsv4_carve(&c, sizeof(float) * ((size_t)G * (size_t)ncmax * D + 1));
+  s->dKg = dsv4_carve(&c, sizeof(float) * ((size_t)G * (size_t)nmax * D + 1));
   dsv4_xrows_group_carve(&c, C, (int64_t)G * ncmax, &s->grp);
   return c.used;
 }
@@ -331,7 +331,7 @@ dsv4_status dsv4_sparse_attn_bwd_into_progress(const dsv4_attn_bwd_args *b, dsv4
     dsv4_blas_serial();
     bwd_carve(dsv4_ws_thread(&ws), a, nmax, ncmax, xc.rows, G, &sc);
     dsv4_xrows_group_clear(&sc.grp, xc.rows);
-    float *Kc = sc.Kc, *dK = sc.dKc, *QO = sc.QO, *delta = sc.delta, *tsink = sc.tsink;
+    float *Kc = sc.Kc, *QO = sc.QO, *delta = sc.delta, *tsink = sc.tsink;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t p0 = 0; p0 < a->S1; p0 += G) {
       for (int64_t p = p0; p < p0 + G && p < a->S1; p++) {
@@ -355,10 +355,10 @@ dsv4_status dsv4_sparse_attn_bwd_into_progress(const dsv4_attn_bwd_args *b, dsv4
         const int64_t ws0 = a->win_start[p];
         const float *S_w = b->scores ? b->scores + p * a->score_stride : NULL;
         const float *S_c = S_w ? S_w + (int64_t)H * nw : NULL;
-        bwd_block(a, QO, lse, delta, a->ori_kv + ws0 * D, nw, S_w, sc.SP, dq, 1, dK);
-        bad |= dsv4_xrows_add(&xo, ws0, dK, nw);
+        float *dKg = sc.dKg + (int64_t)sc.grp.nl * nmax * D;
+        bwd_block(a, QO, lse, delta, a->ori_kv + ws0 * D, nw, S_w, sc.SP, dq, 1, dKg);
+        bad |= dsv4_xrows_add(&xo, ws0, dKg, nw);
         int32_t *rows = sc.rows + (int64_t)sc.grp.nl * (ncmax + 1);
-        float *dKg = sc.dKg + (int64_t)sc.grp.nl * ncmax * D;
         int nc;
         const float *K = cmp_keys(a, p, rows, Kc, &nc);
         if (nc == 0) continue;
