@@ -204,8 +204,8 @@ size_t dsv4_kernel_scratch_bytes(const dsv4_dims *m, int threads) {
   /* the attention backward: its sink sums (its window and compressed sums are the core's x_ext,
    * x_cmp) and its workspace; a query's compressed keys are the top-k or at most all its keys */
   const int64_t ncmax = m->sparse ? m->k : m->ratio > 0 ? m->max_keys : 0;
-  const size_t attn =
-      x * (size_t)m->H + dsv4_sparse_attn_bwd_thread_bytes(m->H, m->D, m->max_keys + 1, ncmax, m->n_cmp);
+  const size_t attn = x * (size_t)m->H + dsv4_sparse_attn_bwd_thread_bytes(m->H, m->D, m->max_keys + 1, ncmax,
+                                                                           m->n_cmp, m->sparse);
   const size_t kl = m->selects ? x * (size_t)(m->n_cmp * m->Di) +
                                      dsv4_kl_thread_bytes(m->H, m->D, m->Hi, m->Di,
                                                           m->sparse_kl ? m->k : m->n_cmp, m->n_cmp, 1)

@@ -25,9 +25,9 @@ const dsv4_kernels *dsv4_kernels_get(dsv4_impl impl);
 
 /* Bytes of one thread's workspace in the fast backward kernels (the memory planner counts them):
  * the sparse attention's with queries of at most nmax keys, ncmax of them compressed, over C
- * compressed rows; the indexer KL loss's with at most nmax rows per query (k_grad: with the k_idx
- * gradient, over C rows). */
-size_t dsv4_sparse_attn_bwd_thread_bytes(int H, int D, int64_t nmax, int64_t ncmax, int64_t C);
+ * compressed rows (top_k: the compressed keys are top-k ids, gathered); the indexer KL loss's with at most
+ * nmax rows per query (k_grad: with the k_idx gradient, over C rows). */
+size_t dsv4_sparse_attn_bwd_thread_bytes(int H, int D, int64_t nmax, int64_t ncmax, int64_t C, int top_k);
 size_t dsv4_kl_thread_bytes(int H, int D, int Hi, int Di, int64_t nmax, int64_t C, int k_grad);
 
 #endif

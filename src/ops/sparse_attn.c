@@ -51,7 +51,7 @@ static size_t fwd_carve(char *base, const dsv4_attn_args *a, int64_t ncmax, fwd_
 /* Per-thread scratch of the backward. */
 typedef struct {
   float *SP;      /* [2H, max keys] dS and P of one block */
-  float *Kc;      /* [max cmp, D] gathered compressed keys */
+  float *Kc;      /* [max cmp, D] gathered compressed keys (top-k ids only) */
   float *QO;      /* [2H, D] q and dO stacked */
   float *delta;   /* [H] */
   float *tsink;   /* [H] one query's sink gradient terms */
@@ -81,7 +81,7 @@ static size_t bwd_carve(char *base, const dsv4_attn_args *a, int64_t nmax, int64
   dsv4_carver c = {base, 0};
   const size_t H = (size_t)a->H, D = (size_t)a->D;
   s->SP = dsv4_carve(&c, sizeof(float) * 2 * H * (size_t)nmax);
-  s->Kc = dsv4_carve(&c, sizeof(float) * ((size_t)ncmax * D + 1));
+  s->Kc = dsv4_carve(&c, sizeof(float) * ((size_t)(a->cmp_ids ? ncmax : 0) * D + 1));
   s->QO = dsv4_carve(&c, sizeof(float) * 2 * H * D);
   s->delta = dsv4_carve(&c, sizeof(float) * H);
   s->tsink = dsv4_carve(&c, sizeof(float) * H);
@@ -91,8 +91,9 @@ static size_t bwd_carve(char *base, const dsv4_attn_args *a, int64_t nmax, int64
   return c.used;
 }
 
-size_t dsv4_sparse_attn_bwd_thread_bytes(int H, int D, int64_t nmax, int64_t ncmax, int64_t C) {
-  const dsv4_attn_args a = {.H = H, .D = D};
+size_t dsv4_sparse_attn_bwd_thread_bytes(int H, int D, int64_t nmax, int64_t ncmax, int64_t C, int top_k) {
+  static const int32_t any_id = 0;
+  const dsv4_attn_args a = {.H = H, .D = D, .cmp_ids = top_k ? &any_id : NULL};
   bwd_scratch sc;
   return bwd_carve(NULL, &a, nmax, ncmax, C, bwd_group(&a, ncmax), &sc);
 }
