@@ -825,9 +825,17 @@ static void lo_clear_lent(const dsv4_wsink *k, int64_t r0, int64_t nr) {
       memset((void *)(k->lo[j].p + (a - k->lo[j].row) * k->w), 0, sizeof(float) * (size_t)((b - a) * k->w));
   }
 }
-/* Doubles [at, at + n) of sink k into o. */
-static void drow_get(const dsv4_wsink *k, int64_t at, int64_t n, double *restrict o) {
-  const dsv4_u32a *restrict hw = k->dhi + at, *restrict lw = lo_at(k, at);
+/* A block's doubles (dsv4_wsink.dused): none written (all zero, not read); written, but every low
+ * word still zero (a block that got one product's floats: its low words are neither read nor
+ * written, so their pages stay unmapped, and a lent tensor's stay the zeros its owner expects);
+ * written with low words. */
+enum { DUSED_NONE = 0, DUSED_HI = 1, DUSED_LO = 2 };
+
+/* Doubles [at, at + n) of sink k into o (n <= BLOCK_COLS); with_lo 0: their low words are zero, not
+ * read. */
+static void drow_get(const dsv4_wsink *k, int64_t at, int64_t n, int with_lo, double *restrict o) {
+  static const uint32_t zeros[BLOCK_COLS];
+  const dsv4_u32a *restrict hw = k->dhi + at, *restrict lw = with_lo ? lo_at(k, at) : zeros;
   for (int64_t e = 0; e < n; e++) {
     const uint64_t hi = hw[e], mag = hi & 0x7fffffffu;
     const uint64_t b = (hi & 0x80000000u) << 32 | (mag ? (mag << 29) + DEXP_SHIFT : 0) | lw[e];
@@ -835,9 +843,10 @@ static void drow_get(const dsv4_wsink *k, int64_t at, int64_t n, double *restric
   }
 }
 
-/* o [n] into doubles [at, at + n) of sink k. lo_zero: their low words are known to be zero (a fresh
- * block's): a row whose low words all stay zero is not written (its pages stay unmapped). */
-static void drow_put(dsv4_wsink *k, int64_t at, int64_t n, const double *restrict o, int lo_zero) {
+/* o [n] into doubles [at, at + n) of sink k. lo_zero: their low words are known to be zero: a row
+ * whose low words all stay zero is not written (its pages stay unmapped). Returns whether the low
+ * words were written. */
+static int drow_put(dsv4_wsink *k, int64_t at, int64_t n, const double *restrict o, int lo_zero) {
   uint32_t lw[BLOCK_COLS], any = 0;
   dsv4_u32a *restrict hw = k->dhi + at;
   for (int64_t e = 0; e < n; e++) {
@@ -848,17 +857,22 @@ static void drow_put(dsv4_wsink *k, int64_t at, int64_t n, const double *restric
     lw[e] = (uint32_t)(mag & ((1u << 29) - 1));
     any |= lw[e];
   }
-  if (any || !lo_zero) memcpy((void *)lo_at(k, at), lw, sizeof(uint32_t) * (size_t)n);
+  if (!any && lo_zero) return 0;
+  memcpy((void *)lo_at(k, at), lw, sizeof(uint32_t) * (size_t)n);
+  return 1;
 }
 
 /* Sink k's doubles [at, at + n) += the k terms t[q] [n], into o: 0 when every add was exact (o then
- * holds the sums), 1 when some was not (o is then meaningless). fresh: the doubles are zero and are
- * not read. *bad: a term not finite or not below 2^24 (taken as 0, as xacc does). */
-static int drow_try(const dsv4_wsink *ks, int64_t at, int fresh, const float *const *t, int k, int64_t n,
+ * holds the sums), 1 when some was not (o is then meaningless). used: what the doubles hold
+ * (DUSED_NONE: zeros, not read; DUSED_HI: their low words are zero, not read). *bad: a term not
+ * finite or not below 2^24 (taken as 0, as xacc does). */
+static int drow_try(const dsv4_wsink *ks, int64_t at, int used, const float *const *t, int k, int64_t n,
                     double *restrict o, int *bad) {
   int inexact = 0, b = 0;
-  if (fresh) memset(o, 0, sizeof(double) * (size_t)n);
-  else drow_get(ks, at, n, o);
+  if (used == DUSED_NONE)
+    memset(o, 0, sizeof(double) * (size_t)n);
+  else
+    drow_get(ks, at, n, used == DUSED_LO, o);
   for (int q = 0; q < k; q++) {
     const float *restrict tq = t[q];
     for (int64_t e = 0; e < n; e++) {
@@ -887,10 +901,10 @@ static void drow_xacc(const double *restrict o, int64_t n, int64_t *restrict hi,
   }
 }
 
-/* Doubles [at, at + n) of sink k as xacc hi, lo (n <= BLOCK_COLS). */
-static void drow_get_xacc(const dsv4_wsink *k, int64_t at, int64_t n, int64_t *hi, int64_t *lo) {
+/* Doubles [at, at + n) of sink k as xacc hi, lo (n <= BLOCK_COLS; with_lo as drow_get). */
+static void drow_get_xacc(const dsv4_wsink *k, int64_t at, int64_t n, int with_lo, int64_t *hi, int64_t *lo) {
   double o[BLOCK_COLS];
-  drow_get(k, at, n, o);
+  drow_get(k, at, n, with_lo, o);
   drow_xacc(o, n, hi, lo);
 }
 
@@ -901,22 +915,22 @@ static void block_row_xacc(const dsv4_wsink *k, const wblock *q, int64_t b, int6
   if (p) {
     memcpy(hi, p + r * 2 * q->nb, sizeof(int64_t) * (size_t)q->nb);
     memcpy(lo, p + r * 2 * q->nb + q->nb, sizeof(int64_t) * (size_t)q->nb);
-  } else if (!k->dused[b]) {
+  } else if (k->dused[b] == DUSED_NONE) {
     memset(hi, 0, sizeof(int64_t) * (size_t)q->nb);
     memset(lo, 0, sizeof(int64_t) * (size_t)q->nb);
   } else {
-    drow_get_xacc(k, (q->m0 + r) * k->w + q->n0, q->nb, hi, lo);
+    drow_get_xacc(k, (q->m0 + r) * k->w + q->n0, q->nb, k->dused[b] == DUSED_LO, hi, lo);
   }
 }
 
-/* Block q of sink k to xacc sums: [mb rows] x [2 nb] (a row's hi, then lo). NULL: out of memory. */
-static int64_t *dsum_promote(const dsv4_wsink *k, const wblock *q) {
+/* Block q (b) of sink k to xacc sums: [mb rows] x [2 nb] (a row's hi, then lo). NULL: out of memory. */
+static int64_t *dsum_promote(const dsv4_wsink *k, const wblock *q, int64_t b) {
   int64_t *x = malloc(sizeof(int64_t) * (size_t)(q->mb * 2 * q->nb));
   dsv4_mem_advise(x, sizeof(int64_t) * (size_t)(q->mb * 2 * q->nb));
   for (int64_t r = 0; x && r < q->mb; r++) {
     const int64_t at = (q->m0 + r) * k->w + q->n0;
     int64_t *h = x + r * 2 * q->nb;
-    drow_get_xacc(k, at, q->nb, h, h + q->nb);
+    drow_get_xacc(k, at, q->nb, k->dused[b] == DUSED_LO, h, h + q->nb);
   }
   return x;
 }
@@ -925,7 +939,7 @@ static int64_t *dsum_promote(const dsv4_wsink *k, const wblock *q) {
  * (its doubles, its xacc rows, or zero) as xacc sums in registers, plus the kk terms tr of the
  * group, rounded once into the tensor, i.e. what finish would store: 0 + the value (out held the
  * row's high halves and was zero at registration). Lent low halves are zeroed for their owner. */
-static int dsum_last_block(dsv4_wsink *k, const wblock *q, int64_t b, const float *t, int64_t kk, int fresh) {
+static int dsum_last_block(dsv4_wsink *k, const wblock *q, int64_t b, const float *t, int64_t kk) {
   int64_t h[2 * BLOCK_COLS];
   const float *tr[DSV4_WG_GROUP];
   const int64_t mn = q->mb * q->nb;
@@ -936,7 +950,7 @@ static int dsum_last_block(dsv4_wsink *k, const wblock *q, int64_t b, const floa
     for (int64_t j = 0; j < kk; j++) tr[j] = t + j * mn + r * q->nb;
     bad |= dsv4_xacc_addk_(h, h + q->nb, tr, (int)kk, q->nb, 0);
     for (int64_t e = 0; e < q->nb; e++) k->out[at + e] = 0.0f + dsv4_xacc_value(h[e], h[q->nb + e]);
-    if (!fresh && k->lo[lo_piece(k, q->m0 + r)].pool >= 0)
+    if (k->dused[b] == DUSED_LO && k->lo[lo_piece(k, q->m0 + r)].pool >= 0)
       memset((void *)lo_at(k, at), 0, sizeof(float) * (size_t)q->nb);
   }
   return bad;
@@ -956,36 +970,37 @@ static int dsum_block(dsv4_wsink *k, const blocking *bl, int64_t b, const wview 
   int bad = 0;
   /* a block's first add writes its doubles without reading them: a page of fresh sums read first
    * is mapped to the zero page, then copied on the write (two faults instead of one: about 0.35 s
-   * against 0.2 s per 537 MB here) */
-  const int fresh = !k->dused[b];
+   * against 0.2 s per 537 MB here); and low words still zero are not read (DUSED_HI) */
   if (last) { /* (reads dused: the sum so far) */
     for (int64_t j = 0; j < nv; j++) panel_product(&v[j], q.m0, q.mb, q.mb, q.n0, q.nb, q.nb, t + j * mn, za, impl);
-    const int bad_last = dsum_last_block(k, &q, b, t, nv, fresh);
-    k->dused[b] = 1;
+    const int bad_last = dsum_last_block(k, &q, b, t, nv);
+    k->dused[b] = DUSED_HI; /* (its lent low words are zero again) */
     return bad_last;
   }
-  if (nv > 0) k->dused[b] = 1;
   for (int64_t g0 = 0; g0 < nv; g0 += G) {
     const int64_t kk = nv - g0 < G ? nv - g0 : G;
+    const int used = k->dused[b]; /* what the doubles held before this group */
+    int lo_written = 0;
     for (int64_t j = 0; j < kk; j++)
       panel_product(&v[g0 + j], q.m0, q.mb, q.mb, q.n0, q.nb, q.nb, t + j * mn, za, impl);
     for (int64_t r = 0; r < q.mb; r++) {
       for (int64_t j = 0; j < kk; j++) tr[j] = t + j * mn + r * q.nb;
       if (!k->promo[b]) {
         const int64_t at = (q.m0 + r) * k->w + q.n0;
-        const int first = fresh && g0 == 0;
-        if (!drow_try(k, at, first, tr, (int)kk, q.nb, o, &bad)) {
-          /* a first write of one product's floats leaves every low half zero: its pages are not
+        if (!drow_try(k, at, used, tr, (int)kk, q.nb, o, &bad)) {
+          /* one product's floats added to zero low words leave them zero: their pages are not
            * written (they stay unmapped zeros until a second product's terms need them) */
-          drow_put(k, at, q.nb, o, first);
+          lo_written |= drow_put(k, at, q.nb, o, used != DUSED_LO);
           continue;
         }
         /* rows above r hold this group already, rows from r on do not: the xacc adds go on from r */
-        if (!(k->promo[b] = dsum_promote(k, &q))) return bad | 2;
+        k->dused[b] = used == DUSED_LO || lo_written ? DUSED_LO : DUSED_HI;
+        if (!(k->promo[b] = dsum_promote(k, &q, b))) return bad | 2;
       }
       int64_t *h = k->promo[b] + r * 2 * q.nb;
       bad |= dsv4_xacc_addk_(h, h + q.nb, tr, (int)kk, q.nb, 0);
     }
+    if (!k->promo[b]) k->dused[b] = used == DUSED_LO || lo_written ? DUSED_LO : DUSED_HI;
   }
   return bad;
 }

@@ -126,7 +126,7 @@ typedef struct {
   dsv4_wlo lo[DSV4_WSINK_LO_PIECES];
   int n_lo;
   int64_t **promo;   /* per C block: NULL, or its xacc rows once a double add was not exact */
-  uint8_t *dused;    /* per C block: its doubles were written (else they are zero, unread) */
+  uint8_t *dused;    /* per C block: which of its doubles' words were written (wgrad.c DUSED_*) */
   int64_t n_blocks;
   int64_t rows_left; /* rows still to come on this rank (dsv4_wsinks_last_rows), -1: not counted */
   int done;          /* its last rows came: out holds the rounded sum, finish has nothing to do */
