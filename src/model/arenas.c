@@ -126,7 +126,11 @@ size_t dsv4_carve_core_bwd(char *base, const dsv4_dims *m, dsv4_core_bwd_scratch
   }
   if (m->recompute) {
     s->rc_lse = dsv4_carve(&c, F(m->m * m->H));
-    if (m->fast) {
+    /* the recomputed forward keeps the chunk's logits so the backward skips q.K^T (2 H D flops per
+     * key and query), while they take no more than the chunk's rebuilt q and o: a HCA rank's keys
+     * grow with the sequence (max_cmp = S / 128; 64 GB per chunk at 63M tokens), and recomputation
+     * is asked for to save memory; beyond that the backward recomputes them as the default does */
+    if (m->fast && m->max_keys <= 2 * (int64_t)m->D) {
       s->rc_stride = (int64_t)m->H * m->max_keys;
       s->rc_scores = dsv4_carve(&c, F(m->m * s->rc_stride));
     }

@@ -98,7 +98,7 @@ typedef struct {
 typedef struct {
   int64_t *x_ext, *x_cmp, *x_all, *x_blk;
   float *d_ext, *d_cmp, *d_KI, *d_blk, *dC, *dZ, *d_qI, *d_wI;
-  float *rc_lse, *rc_scores, *qI, *wI; /* recomputation: a chunk's lse, logits, indexer queries */
+  float *rc_lse, *rc_scores, *qI, *wI;  /* recomputation: a chunk's lse, logits (or NULL), indexer queries */
   int64_t rc_stride;                    /* floats per query in rc_scores */
 } dsv4_core_bwd_scratch;
 

@@ -153,8 +153,8 @@ dsv4_status dsv4_core_bwd_recompute(dsv4_core *c, int64_t i0, int64_t n, const f
   DSV4_CHECK(st->valid && c->recompute && st->grads, DSV4_ERR_STATE,
              "core: recomputation without a recomputing forward and dsv4_core_bwd_begin");
   dsv4_attn_args at = dsv4_attend_args(&e, i0, n, q, o, st->bs.rc_lse, ori_kv(c), st->cmp, st->topk);
-  /* the fast path keeps the chunk's logits for the backward: the same product of the same values,
-   * so the backward skips recomputing it (its q.K^T is 2 H D flops per key and query) */
+  /* the fast path keeps the chunk's logits for the backward when they are small enough (arenas.c):
+   * the same product of the same values, so the backward skips recomputing it */
   at.scores_out = st->bs.rc_scores;
   at.score_stride = st->bs.rc_stride;
   DSV4_TRY(dsv4_kernels_get(c->impl)->attn(&at));
@@ -190,7 +190,7 @@ dsv4_status dsv4_core_bwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
     dsv4_attn_bwd_args ab = {
         .dq = dq + a * HD, .d_ori_kv = st->bs.d_ext, .d_cmp_kv = st->bs.d_cmp, .d_sink = dsv4_w(st->grads, W_SINK),
         .dout = d_o + a * HD, .out = o + a * HD, .lse = st->sv.lse + lo[r] * H,
-        .scores = c->recompute ? st->bs.rc_scores + a * st->bs.rc_stride : NULL,
+        .scores = st->bs.rc_scores ? st->bs.rc_scores + a * st->bs.rc_stride : NULL,
         .fwd = dsv4_attend_args(&e, lo[r], hi[r] - lo[r], q + a * HD, NULL, NULL, ori_kv(c), st->cmp, st->topk)};
     ab.fwd.score_stride = st->bs.rc_stride;
     DSV4_TRY(dsv4_attend_bwd(&e, &ab, fast ? &xo : NULL, fast && c->ratio > 0 ? &xc : NULL,

@@ -25,10 +25,12 @@ typedef struct {
   int64_t T;
 } fixture;
 
-static int setup(fixture *f, int layer, int batched) {
+/* The tiny preset's layer, with its attention window set to window (0: the preset's). */
+static int setup_window(fixture *f, int layer, int batched, int window) {
   memset(f, 0, sizeof *f);
   f->cfg = (dsv4_config)DSV4_CONFIG_INIT;
   if (!tu_ok(dsv4_config_preset(&f->cfg, "tiny"), "tiny preset")) return 0;
+  if (window) f->cfg.window = window;
   const int64_t d = f->cfg.dim;
   const int large = f->cfg.compress_ratios[layer] == 128;
   f->T = large ? 384 : 64;
@@ -48,6 +50,8 @@ static int setup(fixture *f, int layer, int batched) {
          tu_ok(dsv4_weights_create(&f->g, &f->cfg, layer), "grads") &&
          tu_ok(dsv4_layer_create(&f->l, &f->cfg, layer, f->w), "layer");
 }
+
+static int setup(fixture *f, int layer, int batched) { return setup_window(f, layer, batched, 0); }
 
 static void teardown(fixture *f) {
   dsv4_layer_free(f->l);
@@ -189,8 +193,10 @@ static void cp_self(int layer) {
 
 /* Recomputation must not change a bit: the same forward and backward with and without it, on a
  * stream of several backward chunks (DSV4_CHUNK_ROWS rows each), documents of any length;
- * and it must keep less. Then the same through the CP path on one rank. */
-static void recompute_bitwise(int layer, int cp) {
+ * and it must keep less. Then the same through the CP path on one rank. window: the attention
+ * window (0: the preset's 16); at 64 a compressed layer's keys per query pass 2 head_dim (64), so
+ * the recomputed forward does not keep its logits and the backward recomputes them (arenas.c). */
+static void recompute_bitwise(int layer, int cp, int window) {
   static const int32_t cu[5] = {0, 700, 1503, 2499, 2500}, real[4] = {700, 777, 996, 1};
   const int64_t T = 2500;
   fixture f[2];
@@ -199,7 +205,7 @@ static void recompute_bitwise(int layer, int cp) {
   size_t saved[2] = {0, 0};
   int ok = 1;
   for (int k = 0; k < 2 && ok; k++) {
-    ok = setup(&f[k], layer, 0);
+    ok = setup_window(&f[k], layer, 0, window);
     if (!ok) break;
     const int64_t d = f[k].cfg.dim;
     free(f[k].x), free(f[k].dout), free(f[k].out), free(f[k].dx), free(f[k].topk);
@@ -232,8 +238,9 @@ static void recompute_bitwise(int layer, int cp) {
       if (dsv4_weights_get(f[0].g, i, &ta) != DSV4_OK || dsv4_weights_get(f[1].g, i, &tb) != DSV4_OK) same = 0;
       else same &= !memcmp(ta.data, tb.data, sizeof(float) * (size_t)ta.numel);
     }
-    tu_check(same, "layer %d%s: recomputation gives bitwise the same out, top-k, loss, dx and every gradient",
-             layer, cp ? " (CP path, one rank)" : "");
+    tu_check(same,
+             "layer %d%s%s: recomputation gives bitwise the same out, top-k, loss, dx and every gradient",
+             layer, cp ? " (CP path, one rank)" : "", window ? " (window 64: logits not kept)" : "");
     /* what it does not keep: q, o and each head's norm; the indexer's queries and weights (r = 4) */
     const dsv4_config *cf = &f[0].cfg;
     /* arena pieces are 64-byte aligned (model/arenas.h) */
@@ -290,7 +297,8 @@ static void self_comm(void) {
 }
 
 static void recompute(void) {
-  for (int layer = 0; layer < 3; layer++) recompute_bitwise(layer, 0), recompute_bitwise(layer, 1);
+  for (int layer = 0; layer < 3; layer++) recompute_bitwise(layer, 0, 0), recompute_bitwise(layer, 1, 0);
+  for (int layer = 1; layer < 3; layer++) recompute_bitwise(layer, 0, 64);
 }
 
 static void fd(void) {
