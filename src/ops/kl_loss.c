@@ -17,11 +17,13 @@
 #define KL_HEADS 16
 
 /* Queries whose k_idx gradient rows are added as one group (dsv4_xrows_add_group, as the sparse
- * attention's key gradients): at most KL_GROUP, their buffered rows at most KL_GROUP_BYTES. */
+ * attention's key gradients): at most KL_GROUP, their buffered rows at most KL_GROUP_BYTES; one
+ * when that gradient is not wanted. */
 #define KL_GROUP       DSV4_XROWS_LISTS
 #define KL_GROUP_BYTES ((int64_t)4 << 20)
 
 static int kl_group(const dsv4_kl_args *a, int64_t nmax) {
+  if (!a->d_k_idx) return 1;
   const int64_t per = nmax * a->Di * (int64_t)sizeof(float), g = per > 0 ? KL_GROUP_BYTES / per : KL_GROUP;
   return g < 1 ? 1 : g > KL_GROUP ? KL_GROUP : (int)g;
 }

@@ -658,12 +658,18 @@ static void wgrad_double_sums(void) {
 }
 
 static const tu_test TESTS[] = {
-    {"xacc", "order-independent", order_independent},   {"xacc", "vector-is-scalar", vector_is_scalar},
-    {"xacc", "grouped-is-serial", grouped_is_serial},   {"xacc", "refuses-bad-terms", refuses_bad_terms},
-    {"xacc", "rows-any-threads", rows_any_threads},     {"xacc", "rows-group", rows_group},
-    {"backward", "rows-nn-panels", rows_nn_panels},     {"backward", "rows-nn-mapped", rows_nn_mapped},
-    {"backward", "wgrad-panels", wgrad_panels},         {"backward", "wgrad-strips", wgrad_strips},
-    {"backward", "wgrad-row-strips", wgrad_row_strips}, {"backward", "wgrad-double-sums", wgrad_double_sums},
+  {"xacc", "order-independent", order_independent},
+  {"xacc", "vector-is-scalar", vector_is_scalar},
+  {"xacc", "grouped-is-serial", grouped_is_serial},
+  {"xacc", "refuses-bad-terms", refuses_bad_terms},
+  {"xacc", "rows-any-threads", rows_any_threads},
+  {"xacc", "rows-group", rows_group},
+  {"backward", "rows-nn-panels", rows_nn_panels},
+  {"backward", "rows-nn-mapped", rows_nn_mapped},
+  {"backward", "wgrad-panels", wgrad_panels},
+  {"backward", "wgrad-strips", wgrad_strips},
+  {"backward", "wgrad-row-strips", wgrad_row_strips},
+  {"backward", "wgrad-double-sums", wgrad_double_sums},
 };
 
 int main(int argc, char **argv) { return tu_run(argc, argv, TESTS, (int)(sizeof TESTS / sizeof TESTS[0])); }
