@@ -15,9 +15,9 @@ GiB = 2.0 ** 30
 KINDS = {0: "SWA", 4: "CSA", 128: "HCA"}
 
 
-def plan(seq, ranks, budget=None):
+def plan(seq, ranks, budget=None, extra=()):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [EXE, "plan", "--seq", str(seq), "--ranks", str(ranks), "--recompute", "--json", f.name]
+        cmd = [EXE, "plan", "--seq", str(seq), "--ranks", str(ranks), "--recompute", "--json", f.name, *extra]
         if budget:
             cmd += ["--memory-budget", budget]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -59,15 +59,19 @@ def main():
               f"({m['replicated'] / GiB:.2f}) | {m['transient'] / GiB:.2f} | {m['total'] / GiB:.2f} | "
               f"{sent(l, 'slot_allgather') / GiB:.2f} GiB |")
     print("\n### Longest sequence that fits (tokens), largest rank, with recomputation\n")
-    print("| N | CSA in 80 GiB | CSA in 141 GiB | HCA in 80 GiB | HCA in 141 GiB | SWA in 80 GiB | SWA in 141 GiB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| N | CSA in 80 GiB | CSA in 141 GiB | CSA zigzag in 80 GiB | CSA zigzag in 141 GiB | HCA in 80 GiB | "
+          "HCA in 141 GiB | SWA in 80 GiB | SWA in 141 GiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in ranks:
         fit = {}
         for b in ("80G", "141G"):
             p = plan(4096 * n, n, b)
             for l in p["layers"]:
                 fit[(l["ratio"], b)] = l["longest_fit_tokens"]
-        print(f"| {n} | " + " | ".join(f"{fit[(r, b)] / 2**20:.2f}M" for r in (4, 128, 0) for b in ("80G", "141G")) + " |")
+            p = plan(4096 * n, n, b, ("--split", "zigzag", "--layer", "2"))
+            fit[("zz", b)] = p["layers"][0]["longest_fit_tokens"]
+        print(f"| {n} | " + " | ".join(f"{fit[(r, b)] / 2**20:.2f}M" for r in (4, "zz", 128, 0) for b in ("80G", "141G"))
+              + " |")
 
 
 if __name__ == "__main__" and (len(sys.argv) < 3 or sys.argv[2] != "--limits"):

@@ -261,6 +261,64 @@ fail:
   return rc;
 }
 
+/* Adds rows [r0, r0 + c) of slice q of the virtual array (src[row_of[q rows + r]], or nothing) into
+ * dst [c x w2], or, with set, writes them (zeros where there is no row). */
+static void slice_rows(const int64_t *src, const int32_t *row_of, int64_t q, int64_t rows, int64_t r0,
+                       int64_t c, int64_t w2, int64_t *dst, int set) {
+  for (int64_t r = 0; r < c; r++) {
+    const int32_t id = row_of[q * rows + r0 + r];
+    int64_t *d = dst + r * w2;
+    if (id < 0 || !src) {
+      if (set) memset(d, 0, sizeof(int64_t) * (size_t)w2);
+    } else if (set) {
+      memcpy(d, src + (int64_t)id * w2, sizeof(int64_t) * (size_t)w2);
+    } else {
+      const int64_t *s = src + (int64_t)id * w2;
+      for (int64_t e = 0; e < w2; e++)
+        d[e] = (int64_t)((uint64_t)d[e] + (uint64_t)s[e]); /* wraps as MPI_SUM */
+    }
+  }
+}
+
+/* Tag of the mapped ring's messages. */
+#define RS_ROWS_TAG 29501
+
+dsv4_status dsv4_xfer_reduce_scatter_exact_rows(dsv4_xfer *x, const int64_t *src, const int32_t *row_of,
+                                                int64_t *mine, int64_t rows, int64_t w, int64_t *tmp) {
+  dsv4_status rc = DSV4_OK;
+  const int N = x->comm->size, me = x->comm->rank;
+  const int next = (me + 1) % N, prev = (me + N - 1) % N;
+  const int64_t w2 = 2 * w, ring = dsv4_xfer_ring_rows(w), cap = rows < ring ? rows : ring;
+  const double t0 = dsv4_xfer_now();
+  dsv4_comm_req *rq[2] = {NULL, NULL};
+  for (int64_t r0 = 0; r0 < rows; r0 += ring) {
+    const int64_t c = rows - r0 < ring ? rows - r0 : ring;
+    const size_t bytes = sizeof(int64_t) * (size_t)(c * w2);
+    if (N == 1) {
+      slice_rows(src, row_of, 0, rows, r0, c, w2, mine + r0 * w2, 1);
+      continue;
+    }
+    /* step j: send the running sum of slice me - 1 - j, receive that of slice me - 2 - j into the
+     * other buffer (the last step into mine) and add this rank's rows of it there; after N - 1
+     * steps the received slice is this rank's own, whole */
+    int64_t *buf[2] = {tmp, tmp + cap * w2}, *out = buf[0];
+    slice_rows(src, row_of, (me + N - 1) % N, rows, r0, c, w2, out, 1);
+    for (int j = 0; j < N - 1; j++) {
+      int64_t *dst = j == N - 2 ? mine + r0 * w2 : buf[(j + 1) & 1];
+      DSV4_TRY(dsv4_comm_irecv(x->comm, dst, bytes, prev, RS_ROWS_TAG, &rq[0]));
+      DSV4_TRY(dsv4_comm_isend(x->comm, out, bytes, next, RS_ROWS_TAG, &rq[1]));
+      DSV4_TRY(dsv4_comm_wait(x->comm, rq, 2));
+      slice_rows(src, row_of, (me + 2 * N - 2 - j) % N, rows, r0, c, w2, dst, 0);
+      out = dst;
+    }
+  }
+  const uint64_t vol = sizeof(int64_t) * (uint64_t)(rows * w2) * (uint64_t)(N - 1);
+  account(x, DSV4_MSG_SLOT_REDUCE_SCATTER, vol, vol, 1, dsv4_xfer_now() - t0);
+  for (int64_t r = 0; r < rows; r++) dsv4_xacc_normalize(mine + r * w2, mine + r * w2 + w, w);
+fail:
+  return rc;
+}
+
 /* The loss partials are 128-bit fixed point (util/exactsum.h); each rank's record is gathered and
  * summed in rank order, so every rank gets the same bits, equal to the one-rank sum. */
 dsv4_status dsv4_xfer_loss(dsv4_xfer *x, dsv4_exactsum *sum, int64_t *count) {

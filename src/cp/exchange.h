@@ -80,6 +80,25 @@ void dsv4_xfer_drain(dsv4_xfer *x);
 /* The backward of the all-gather, over exact rows (util/xacc.h: rows x 2 w int64 per rank):
  * mine = the sum over ranks of all[rank * rows ..]; the sums do not depend on N. Collective. */
 dsv4_status dsv4_xfer_reduce_scatter_exact(dsv4_xfer *x, const int64_t *all, int64_t *mine, int64_t rows, int64_t w);
+/* The same sums where the rows lie in another order: row g of the [N rows] array above is
+ * src[row_of[g]] (zeros where row_of[g] < 0, or src is NULL), and that array is never built (N rows
+ * of 16 w bytes on every rank: 8 GiB of a CSA rank's compressed kv gradient at 4M tokens). A ring
+ * of pairwise exchanges of at most dsv4_xfer_ring_rows(w) rows (N - 1 steps per chunk) through tmp,
+ * [min(rows, ring rows) x 2 w] int64 once for N = 2 and twice for N > 2; the same integers as the
+ * built array's reduce-scatter, so the same bits. Counted as it (one message, the same volume).
+ * Collective. */
+dsv4_status dsv4_xfer_reduce_scatter_exact_rows(dsv4_xfer *x, const int64_t *src, const int32_t *row_of,
+                                                int64_t *mine, int64_t rows, int64_t w, int64_t *tmp);
+/* Rows of 2 w int64 in one message of that ring (the transport's int64 message size, cp/comm.h),
+ * and the int64 its tmp needs for slices of `rows` rows over `size` ranks. */
+static inline int64_t dsv4_xfer_ring_rows(int64_t w) {
+  const int64_t r = (int64_t)DSV4_COMM_RING_INT64 / (2 * w);
+  return r > 0 ? r : 1;
+}
+static inline int64_t dsv4_xfer_ring_room(int64_t rows, int64_t w, int size) {
+  const int64_t ring = dsv4_xfer_ring_rows(w), bufs = size > 2 ? 2 : size - 1;
+  return bufs * (rows < ring ? rows : ring) * 2 * w;
+}
 
 /* The KL loss partials (exact) and valid counts summed over ranks, in place; every rank gets the
  * same bits, equal to the one-rank sum. Collective. */

@@ -1,6 +1,7 @@
 /* arenas.c: the carve functions of arenas.h: the one description of what a layer call holds. */
 #include "arenas.h"
 
+#include "cp/exchange.h"
 #include "ops/kernels.h"
 #include "util/par.h"
 #include "util/workspace.h"
@@ -113,7 +114,11 @@ size_t dsv4_carve_core_bwd(char *base, const dsv4_dims *m, dsv4_core_bwd_scratch
   }
   if (m->compresses) {
     const size_t Xk = 2 * sizeof(int64_t) * (size_t)dim; /* an exact row of the kv or the keys */
-    if (!m->gather_identity) s->x_all = dsv4_carve(&c, Xk * (size_t)m->n_blk_all);
+    if (!m->gather_identity) { /* the ring's room for the kv rows and the keys (cp/exchange.h) */
+      const int N = m->n_blk > 0 ? (int)(m->n_blk_all / m->n_blk) : 1;
+      const int64_t kv = dsv4_xfer_ring_room(m->n_blk, m->D, N), ki = dsv4_xfer_ring_room(m->n_blk, m->Di, N);
+      s->x_ring = dsv4_carve(&c, sizeof(int64_t) * (size_t)(keys && ki > kv ? ki : kv));
+    }
     s->x_blk = dsv4_carve(&c, Xk * (size_t)m->n_blk);
     s->d_blk = dsv4_carve(&c, F(m->n_blk * dim));
     s->dC = dsv4_carve(&c, F(m->R_c * cdim));

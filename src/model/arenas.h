@@ -67,7 +67,7 @@ typedef struct {
   int64_t R_kv, R_c;       /* extended rows (plan.h) */
   int ext_kv;
   int64_t n_blk, n_blk_all, n_cmp;
-  int gather_identity;     /* all-gathered slot rows == global ids (plan.h): no x_all */
+  int gather_identity;     /* all-gathered slot rows == global ids (plan.h): no x_ring */
   int64_t max_keys;        /* keys of the query with the most (window + compressed) */
   int H, D, d, dq, GRo, HGD, Hi, Di, k;
   int nt;                  /* threads of the backward's exact key-gradient sums (copies; 1 on the naive path) */
@@ -91,12 +91,12 @@ typedef struct {
 } dsv4_core_fwd_scratch;
 
 /* x_ext, x_cmp: the exact sums (util/xacc.h) of the window rows' and compressed rows' gradients over
- * all chunks, nt copies of [R_kv | n_cmp] x 2 D int64; x_all, x_blk: the exact reduce-scatter's
- * [n_blk_all | n_blk] x 2 max(D, Di) (the kv rows, or the indexer keys; no x_all when the
- * all-gathered rows are the global ids: the sums are sent as they lie). d_ext, d_cmp: the naive
- * path's float sums (then added to x_*). */
+ * all chunks, nt copies of [R_kv | n_cmp] x 2 D int64; x_blk: the exact reduce-scatter's result,
+ * [n_blk] x 2 max(D, Di) (the kv rows, or the indexer keys); x_ring: its ring's room when the
+ * all-gathered rows are not the global ids (cp/exchange.h; otherwise the sums are sent as they
+ * lie). d_ext, d_cmp: the naive path's float sums (then added to x_*). */
 typedef struct {
-  int64_t *x_ext, *x_cmp, *x_all, *x_blk;
+  int64_t *x_ext, *x_cmp, *x_ring, *x_blk;
   float *d_ext, *d_cmp, *d_KI, *d_blk, *dC, *dZ, *d_qI, *d_wI;
   float *rc_lse, *rc_scores, *qI, *wI;  /* recomputation: a chunk's lse, logits (or NULL), indexer queries */
   int64_t rc_stride;                    /* floats per query in rc_scores */

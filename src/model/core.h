@@ -163,20 +163,21 @@ dsv4_status dsv4_stage1_finish(const dsv4_stage_env *e, int which, const float *
  * reduce-scatter to the owners, compressor backward, halo gradients back to the ranks that sent
  * the rows, weight gradients (accumulated into grads) and, when dx is not NULL, dx += dC Wkv + dZ
  * Wgate. d out is exact sums (x_out [n_cmp, 2 dim], util/xacc.h): the reduce-scatter is exact,
- * through x_all and x_blk, and d_blk the owners' sums rounded once, the same bits for every N.
- * d_blk, dC, dZ, x_all, x_blk: scratch of the sizes of arenas.h.
+ * through x_ring and x_blk, and d_blk the owners' sums rounded once, the same bits for every N.
+ * d_blk, dC, dZ, x_ring, x_blk: scratch of the sizes of arenas.h.
  * Weight gradients over global panels, collective (model/wgrad.h).
  * keys_bwd: the V4.1 keys' backward from the exact sums of d KI [n_cmp, 2 Di] (to the owners,
  * k_norm's terms into the sinks ks, indexer.wk; nothing to the latent: detached). */
 typedef struct {
   const int64_t *x_out; /* NULL only when there are no compressed entries */
-  int64_t *x_all, *x_blk;
+  int64_t *x_ring, *x_blk;
 } dsv4_stage1_grad;
 dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const dsv4_stage1_grad *g, const float *x,
                                  const float *C, const float *Z, float *d_blk, float *dC, float *dZ,
                                  dsv4_weights *grads, float *dx);
-dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const int64_t *x_KI, const float *latent, float *kpre,
-                                 int64_t *x_all, int64_t *x_blk, float *d_blk, dsv4_wsinks *ks, dsv4_weights *grads);
+dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const int64_t *x_KI, const float *latent,
+                                 float *kpre, int64_t *x_ring, int64_t *x_blk, float *d_blk, dsv4_wsinks *ks,
+                                 dsv4_weights *grads);
 
 /* window.c. The window halo: kv_ext's own rows copied from kv [n, D], its halo rows from the left
  * neighbours. Backward, over the exact sums x_ext [R_kv, 2 D] (util/xacc.h): the halo rows go to

@@ -260,19 +260,19 @@ dsv4_status dsv4_core_bwd_end(dsv4_core *c, float *dkv, float *dx) {
                                st->x, st->grads));
   if (st->d_KI_sum) DSV4_TRY(dsv4_wsinks_settle(&st->sinks, st->d_KI_sum));
   if (dm->compresses) {
-    const dsv4_stage1_grad g = {.x_out = x_src, .x_all = st->bs.x_all, .x_blk = st->bs.x_blk};
+    const dsv4_stage1_grad g = {.x_out = x_src, .x_ring = st->bs.x_ring, .x_blk = st->bs.x_blk};
     DSV4_TRY(dsv4_stage1_backward(&e, 0, &g, st->x, st->sv.C, st->sv.Z, st->bs.d_blk, st->bs.dC,
                                   st->bs.dZ, st->grads, dx));
   }
   if (dm->v4_keys) {
     const dsv4_stage1_grad g = {.x_out = st->d_KI_sum ? st->d_KI_sum->acc : NULL, /* NULL: no slots */
-                                .x_all = st->bs.x_all, .x_blk = st->bs.x_blk};
+                                .x_ring = st->bs.x_ring, .x_blk = st->bs.x_blk};
     DSV4_TRY(dsv4_stage1_backward(&e, 1, &g, st->x, st->sv.CI, st->sv.ZI, st->bs.d_blk, st->bs.dC,
                                   st->bs.dZ, st->grads, NULL));
   }
   if (st->dm.v41_keys)
-    DSV4_TRY(dsv4_stage1_keys_bwd(&e, st->d_KI_sum ? st->d_KI_sum->acc : NULL, st->sv.lat, st->sv.kpre, st->bs.x_all, st->bs.x_blk,
-                                  st->bs.d_blk, &st->sinks, st->grads));
+    DSV4_TRY(dsv4_stage1_keys_bwd(&e, st->d_KI_sum ? st->d_KI_sum->acc : NULL, st->sv.lat, st->sv.kpre,
+                                  st->bs.x_ring, st->bs.x_blk, st->bs.d_blk, &st->sinks, st->grads));
   if (st->kv_e) { /* the pass's order: a consumer is done; the source's sums are spent */
     if (c->info.role == DSV4_ROLE_FULL)
       st->kv_e->bwd_done = 1;

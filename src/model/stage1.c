@@ -147,28 +147,22 @@ fail:
   return rc;
 }
 
-/* This rank's exact sums of d out [n_cmp, 2 dim] to the owners of the entries: x_all[gather[id]] =
- * x_out[id] (the transpose of select-and-pad: each block is selected once), an int64
- * reduce-scatter into x_blk, rounded once by the owner into d_blk. When the all-gathered rows are
- * the global ids (plan.h gather_identity; x_all NULL) x_out is sent as it lies: the same rows (a
- * normalised row merged into zeros is itself), without their second copy of 16 bytes per element. */
-static dsv4_status to_owners_exact(const dsv4_stage_env *e, int dim, const int64_t *x_out, int64_t *x_all,
+/* This rank's exact sums of d out [n_cmp, 2 dim] to the owners of the entries (the transpose of
+ * select-and-pad: each block is selected once), an int64 reduce-scatter into x_blk, rounded once by
+ * the owner into d_blk. When the all-gathered rows are the global ids (plan.h gather_identity)
+ * x_out is sent as it lies; otherwise a ring reads each all-gathered row's sums from x_out through
+ * the plan's blk_id, x_ring its room (the rows are never copied into the all-gathered order: that
+ * copy was 16 bytes per element of the whole compressed sequence). */
+static dsv4_status to_owners_exact(const dsv4_stage_env *e, int dim, const int64_t *x_out, int64_t *x_ring,
                                    int64_t *x_blk, float *d_blk) {
   dsv4_status rc = DSV4_OK;
   const dsv4_layout *lay = &e->p->lay;
   const int64_t w2 = 2 * (int64_t)dim;
   static const int64_t none[1]; /* no compressed entries: nothing to send, still collective */
-  const int64_t *send = x_out ? x_out : none;
-  if (!e->p->gather_identity) {
-    memset(x_all, 0, sizeof(int64_t) * (size_t)(lay->n_blk_all * w2));
-    for (int64_t s = 0; s < e->p->docs.n_cmp; s++) {
-      int64_t *dst = x_all + (int64_t)lay->gather[s] * w2;
-      const int64_t *src = x_out + s * w2;
-      dsv4_xacc_merge(dst, dst + dim, src, src + dim, dim);
-    }
-    send = x_all;
-  }
-  DSV4_TRY(dsv4_xfer_reduce_scatter_exact(e->x, send, x_blk, lay->n_blk, dim));
+  if (e->p->gather_identity)
+    DSV4_TRY(dsv4_xfer_reduce_scatter_exact(e->x, x_out ? x_out : none, x_blk, lay->n_blk, dim));
+  else
+    DSV4_TRY(dsv4_xfer_reduce_scatter_exact_rows(e->x, x_out, e->p->blk_id, x_blk, lay->n_blk, dim, x_ring));
   for (int64_t b = 0; b < lay->n_blk; b++) dsv4_xacc_store(d_blk + b * dim, x_blk + b * w2, x_blk + b * w2 + dim, dim, 0);
 fail:
   return rc;
@@ -184,7 +178,7 @@ dsv4_status dsv4_stage1_backward(const dsv4_stage_env *e, int which, const dsv4_
   const int cD = id.cD, d = e->cfg->dim, gate = gated(e);
   dsv4_wpiece *pc = NULL;
   int64_t *xrow = NULL;
-  DSV4_TRY(to_owners_exact(e, id.dim, g->x_out, g->x_all, g->x_blk, d_blk));
+  DSV4_TRY(to_owners_exact(e, id.dim, g->x_out, g->x_ring, g->x_blk, d_blk));
   memset(dC, 0, sizeof(float) * (size_t)(lay->R_c * cD));
   if (gate) memset(dZ, 0, sizeof(float) * (size_t)(lay->R_c * cD));
   const dsv4_compress_bwd_args cb = {.dC = dC, .dZ = gate ? dZ : NULL,
@@ -227,8 +221,9 @@ fail:
  * int64 reduce-scatter, rounded once there), RoPE^T, k_norm's backward (its gradient as exact
  * terms), d indexer.wk over global panels of compressed ids. The latent gets nothing (the indexer
  * path is detached). */
-dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const int64_t *x_KI, const float *latent, float *kpre,
-                                 int64_t *x_all, int64_t *x_blk, float *d_blk, dsv4_wsinks *ks, dsv4_weights *grads) {
+dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const int64_t *x_KI, const float *latent,
+                                 float *kpre, int64_t *x_ring, int64_t *x_blk, float *d_blk, dsv4_wsinks *ks,
+                                 dsv4_weights *grads) {
   dsv4_status rc = DSV4_OK;
   const dsv4_plan *p = e->p;
   const dsv4_layout *lay = &p->lay;
@@ -236,7 +231,7 @@ dsv4_status dsv4_stage1_keys_bwd(const dsv4_stage_env *e, const int64_t *x_KI, c
   const float *knorm = dsv4_w(e->w, W_I_KNORM);
   float *d_knorm = dsv4_w(grads, W_I_KNORM), *t = NULL;
   dsv4_wpiece *pc = NULL;
-  DSV4_TRY(to_owners_exact(e, Di, x_KI, x_all, x_blk, d_blk));
+  DSV4_TRY(to_owners_exact(e, Di, x_KI, x_ring, x_blk, d_blk));
   DSV4_ALLOC(t, Di);
   for (int64_t s = 0; s < p->n_slot; s++) { /* serial: k_norm's terms in slot order */
     const int64_t row = p->slot_blk[s];

@@ -99,6 +99,7 @@ void dsv4_plan_free(dsv4_plan *p) {
   free(p->slot_pos);
   free(p->slot_blk);
   free(p->slot_gid);
+  free(p->blk_id);
   free(p->chunk);
   dsv4_rope_free(&p->rope);
   memset(p, 0, sizeof *p);
@@ -235,19 +236,40 @@ fail:
   return rc;
 }
 
-/* The RoPE positions this rank uses: its rows' positions, and the slots it pools (position j r of a
- * slot whose window starts at most 2r - 1 rows before its segment's first row, plan/layout.c). */
+/* The RoPE positions this rank uses, as ranges (the same in both modes): per segment and document
+ * it overlaps, its rows' document-local positions, from 2r rows earlier for the slots it pools
+ * (position j r of a slot whose window starts at most 2r - 1 rows before its segment's first row,
+ * plan/layout.c). A zigzag rank's chunks at both ends of the sequence are two ranges: one window
+ * from the first to the last would be the whole sequence (256 B per position at V4-Flash sizes, 1
+ * GiB per rank at 4M tokens). */
+static void rope_ranges(const dsv4_plan *p, dsv4_rope_ranges *rg) {
+  const dsv4_docs *d = &p->docs;
+  const int64_t r = p->key.ratio;
+  *rg = (dsv4_rope_ranges){0};
+  for (int s = 0; s < p->lay.n_seg; s++) {
+    const dsv4_seg *sg = &p->lay.seg[s];
+    const int64_t g1 = sg->g0 + sg->len;
+    for (int i = dsv4_docs_find(d, sg->g0); i < d->n_docs && d->cu[i] < g1; i++) {
+      const int64_t a = (sg->g0 > d->cu[i] ? sg->g0 : d->cu[i]) - d->cu[i];
+      const int64_t b = (g1 < d->cu[i + 1] ? g1 : d->cu[i + 1]) - d->cu[i];
+      dsv4_rope_ranges_add(rg, a - 2 * r > 0 ? a - 2 * r : 0, b);
+    }
+  }
+}
+
+/* The table of those positions; every row's and owned slot's position is checked to be in it. */
 static dsv4_status rope_table(dsv4_plan *p, const dsv4_config *cfg) {
   dsv4_status rc = DSV4_OK;
-  int64_t lo = INT64_MAX, hi = 0;
-  for (int64_t i = 0; i < p->n; i++) {
-    lo = p->pos[i] < lo ? p->pos[i] : lo;
-    hi = p->pos[i] + 1 > hi ? p->pos[i] + 1 : hi;
-  }
-  if (p->n == 0) lo = 0;
-  lo -= 2 * p->key.ratio;
+  dsv4_rope_ranges rg;
+  rope_ranges(p, &rg);
   DSV4_TRY(dsv4_rope_init(&p->rope, cfg, p->key.ratio));
-  DSV4_TRY(dsv4_rope_reserve(&p->rope, lo > 0 ? lo : 0, hi));
+  DSV4_TRY(dsv4_rope_reserve_ranges(&p->rope, &rg));
+  for (int64_t i = 0; i < p->n; i++)
+    DSV4_CHECK(dsv4_rope_has(&p->rope, p->pos[i]), DSV4_ERR_STATE,
+               "internal: row %lld's position %d not in the RoPE table", (long long)i, p->pos[i]);
+  for (int64_t s = 0; s < p->n_slot; s++)
+    DSV4_CHECK(dsv4_rope_has(&p->rope, p->slot_pos[s]), DSV4_ERR_STATE,
+               "internal: slot %lld's position %d not in the RoPE table", (long long)s, p->slot_pos[s]);
 fail:
   return rc;
 }
@@ -257,14 +279,11 @@ fail:
 static void local_sizes(dsv4_plan *p, int64_t *rope_cap) {
   const dsv4_docs *d = &p->docs;
   const int W = p->key.window, r = p->key.ratio;
-  int64_t lo = INT64_MAX, hi = 0;
   for (int s = 0; s < p->lay.n_seg; s++) {
     const dsv4_seg *sg = &p->lay.seg[s];
     const int64_t g1 = sg->g0 + sg->len;
     for (int i = dsv4_docs_find(d, sg->g0); i < d->n_docs && d->cu[i] < g1; i++) {
       const int64_t a = sg->g0 > d->cu[i] ? sg->g0 : d->cu[i], b = g1 < d->cu[i + 1] ? g1 : d->cu[i + 1];
-      lo = a - d->cu[i] < lo ? a - d->cu[i] : lo;
-      hi = b - d->cu[i] > hi ? b - d->cu[i] : hi;
       const int64_t last_real = (b < d->cu[i] + d->real[i] ? b : d->cu[i] + d->real[i]) - 1 - d->cu[i];
       if (last_real < a - d->cu[i]) continue; /* only padding of this document here */
       const int64_t nw = (last_real < W - 1 ? last_real : W - 1) + 1;
@@ -272,11 +291,9 @@ static void local_sizes(dsv4_plan *p, int64_t *rope_cap) {
       if (r > 0 && (last_real + 1) / r > p->max_cmp) p->max_cmp = (last_real + 1) / r;
     }
   }
-  if (lo == INT64_MAX) lo = 0;
-  lo = lo - 2 * r > 0 ? lo - 2 * r : 0;
-  int64_t cap = 256; /* dsv4_rope_reserve's table size */
-  while (cap < hi - lo) cap *= 2;
-  *rope_cap = cap;
+  dsv4_rope_ranges rg;
+  rope_ranges(p, &rg);
+  *rope_cap = rg.n ? dsv4_rope_ranges_positions(&rg) : 1; /* dsv4_rope_reserve_ranges's table */
   p->n_chunk = p->n / DSV4_CHUNK_ROWS + p->lay.n_seg + 1; /* an upper bound */
 }
 
@@ -345,11 +362,17 @@ dsv4_status dsv4_plan_build(dsv4_plan *p, const dsv4_config *cfg, dsv4_plan_key 
   for (int64_t id = 0; p->gather_identity && p->lay.gather && id < p->docs.n_cmp; id++)
     DSV4_CHECK(p->lay.gather[id] == id, DSV4_ERR_STATE, "internal: slot %lld is row %d of the all-gather",
                (long long)id, p->lay.gather[id]);
+  if (p->lay.gather && !p->gather_identity) { /* the backward's reduce-scatter reads rows through it */
+    DSV4_ALLOC(p->blk_id, p->lay.n_blk_all + 1);
+    for (int64_t g = 0; g < p->lay.n_blk_all; g++) p->blk_id[g] = -1;
+    for (int64_t id = 0; id < p->docs.n_cmp; id++) p->blk_id[p->lay.gather[id]] = (int32_t)id;
+  }
   const size_t n = (size_t)p->n;
   p->bytes = n * (sizeof(int64_t) + 2 * sizeof(int32_t) + 1) + 2 * n * sizeof(int32_t) +
              (k->ratio > 0 ? 2 * n * sizeof(int32_t) + sizeof(int32_t) * (size_t)p->docs.n_cmp : 0) +
-             (4 * sizeof(int32_t) + sizeof(int64_t)) * (size_t)p->n_slot + sizeof(int64_t) * (size_t)(p->n_chunk + 1) +
-             sizeof(float) * (size_t)(rope_cap * cfg->rope_dim);
+             (k->ratio > 0 && !p->gather_identity ? sizeof(int32_t) * (size_t)p->lay.n_blk_all : 0) +
+             (4 * sizeof(int32_t) + sizeof(int64_t)) * (size_t)p->n_slot +
+             sizeof(int64_t) * (size_t)(p->n_chunk + 1) + sizeof(float) * (size_t)(rope_cap * cfg->rope_dim);
   for (int h = 0; h < DSV4_HALO_KINDS; h++) p->bytes += halo_bytes(&p->halo[h]);
 fail:
   if (lays)

@@ -138,6 +138,9 @@ typedef struct {
   int64_t n_chunk, *chunk;            /* [n_chunk + 1] row chunk boundaries (DSV4_CHUNK_ROWS) */
   int gather_identity;                /* the all-gathered slot blocks are the global ids in order
                                          (gather[id] == id): contiguous, one stream, no unused slot rows */
+  int32_t *blk_id;                    /* [lay.n_blk_all] the global id in each all-gathered slot row
+                                         (-1: unused capacity), the inverse of lay.gather; full plans
+                                         without gather_identity only */
   int64_t partial, partial_max;       /* rows of partial panel runs a product sink keeps at once: this
                                          rank's, and the most on any rank (dsv4_partial_rows) */
   int64_t max_win, max_cmp;           /* longest window, most visible compressed ids of a local query */

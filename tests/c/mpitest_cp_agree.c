@@ -133,6 +133,64 @@ static void chunked_sums(int rank, int size) {
   free(send), free(sums), free(want), free(in), free(p.got);
 }
 
+/* The exact reduce-scatter of rows through a row map (dsv4_xfer_reduce_scatter_exact_rows: the
+ * compressed kv gradient's sums under zigzag and batches) against the plain one on the array the
+ * map describes, built: the same words on every rank, counted alike. Rows of 2 x 8192 (64 rows per
+ * message: slices of 150 rows in three messages, the last one partial) and of 2 x 64 (one message);
+ * about a fifth of the rows empty; a NULL source (no entries) gives zeros. tmp is exactly the room
+ * exchange.h asks for, so a sanitized run catches a write past it. */
+static void mapped_sums(int rank, int size) {
+  static const int64_t widths[] = {8192, 64};
+  const int64_t R = 150, G = R * size;
+  dsv4_xfer x = {0};
+  int ok = dsv4_comm_create_mpi(&x.comm, MPI_COMM_WORLD) == DSV4_OK;
+  for (size_t k = 0; k < sizeof widths / sizeof widths[0]; k++) {
+    const int64_t w = widths[k], w2 = 2 * w, ring = dsv4_xfer_ring_rows(w),
+                  room = dsv4_xfer_ring_room(R, w, size);
+    int32_t *row_of = malloc(sizeof(int32_t) * (size_t)G);
+    int64_t *src = malloc(sizeof(int64_t) * (size_t)(G * w2)),
+            *all = calloc((size_t)(G * w2), sizeof(int64_t));
+    int64_t *want = malloc(sizeof(int64_t) * (size_t)(R * w2)),
+            *got = malloc(sizeof(int64_t) * (size_t)(R * w2));
+    int64_t *tmp = room ? malloc(sizeof(int64_t) * (size_t)room) : NULL;
+    int good = ok && row_of && src && all && want && got && (tmp || !room);
+    int64_t ids = 0;
+    for (int64_t g = 0; good && g < G; g++) /* the same map on every rank; ids in another order */
+      row_of[g] = dsv4_mix64((uint64_t)g * 31 + k) % 5 == 0 ? -1 : (int32_t)ids++;
+    for (int64_t g = 0; good && g < G / 2; g++) { /* reverse the ids' order */
+      const int32_t t = row_of[g];
+      row_of[g] = row_of[G - 1 - g], row_of[G - 1 - g] = t;
+    }
+    for (int64_t i = 0; good && i < ids * w2; i++) /* normalised rows: lo in [0, 2^56) */
+      src[i] = (i % w2) < w ? (int64_t)(dsv4_mix64((uint64_t)rank * 7 + i) >> 40) - (1 << 23)
+                            : (int64_t)(dsv4_mix64((uint64_t)rank * 13 + i) >> 8);
+    for (int64_t g = 0; good && g < G; g++)
+      if (row_of[g] >= 0) memcpy(all + g * w2, src + (int64_t)row_of[g] * w2, sizeof(int64_t) * (size_t)w2);
+    const uint64_t *msgs = x.stats.messages + DSV4_MSG_SLOT_REDUCE_SCATTER;
+    const uint64_t *sent = x.stats.bytes_sent + DSV4_MSG_SLOT_REDUCE_SCATTER, m0 = *msgs, s0 = *sent;
+    /* every rank makes every call (a rank whose check failed must not leave the others waiting);
+     * only a failed set-up skips them, as it fails everywhere alike */
+    const int set = good;
+    good = set && dsv4_xfer_reduce_scatter_exact(&x, all, want, R, w) == DSV4_OK;
+    const uint64_t m1 = *msgs, s1 = *sent;
+    good = (set && dsv4_xfer_reduce_scatter_exact_rows(&x, src, row_of, got, R, w, tmp) == DSV4_OK) && good &&
+           !memcmp(got, want, sizeof(int64_t) * (size_t)(R * w2)) && *msgs - m1 == 1 && m1 - m0 == 1 &&
+           *sent - s1 == s1 - s0 && s1 > s0;
+    if (set) memset(got, 1, sizeof(int64_t) * (size_t)(R * w2));
+    good = (set && dsv4_xfer_reduce_scatter_exact_rows(&x, NULL, row_of, got, R, w, tmp) == DSV4_OK) && good;
+    for (int64_t i = 0; good && i < R * w2; i++) good = got[i] == 0;
+    int all_ok = 0;
+    MPI_Reduce(&good, &all_ok, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (rank == 0)
+      tu_check(all_ok == size,
+               "exchange: the exact reduce-scatter through a row map (rows of 2 x %lld, %lld per "
+               "message) equals the built array's on %d of %d ranks",
+               (long long)w, (long long)ring, all_ok, size);
+    free(row_of), free(src), free(all), free(want), free(got), free(tmp);
+  }
+  dsv4_comm_free(x.comm);
+}
+
 /* dsv4_wgrad_exact's sums path (DSV4_WGRAD_ROWS=never) over the ranks' shards of a 2600-row stream
  * (5 panels of 512 and one of 40; the shards cut panels) against one rank's whole stream, bitwise,
  * on every rank. Shapes of several blocks, which the layer tests' tiny weights never have: 6 blocks
@@ -227,6 +285,7 @@ int main(int argc, char **argv) {
   destroy(&s);
   ring_sums(rank, size);
   chunked_sums(rank, size);
+  mapped_sums(rank, size);
   wgrad_sums_paths(rank, size);
   MPI_Finalize();
   return rank == 0 ? tu_finish() : 0;

@@ -393,6 +393,31 @@ static void plan_keys(void) {
   dsv4_plan_key_free(&d);
 }
 
+/* A zigzag rank's RoPE table holds its two chunks' positions (plus the 2r rows before each whose
+ * slots it pools), not the whole sequence between them; the plan checks that every row's and slot's
+ * position is in it. */
+static void zigzag_rope(void) {
+  const int64_t T = 8192, N = 4;
+  int32_t cu[2] = {0, (int32_t)T};
+  const dsv4_packing pk = TU_PACKING(cu, NULL, 1, T, 0);
+  dsv4_config cfg = DSV4_CONFIG_INIT;
+  for (int q = 0; q < N; q++) {
+    dsv4_plan_key k;
+    dsv4_plan p = {0};
+    if (!tu_ok(dsv4_config_preset(&cfg, "tiny"), "tiny") ||
+        !tu_ok(dsv4_plan_key_set(&k, &pk, T / N, 4, 8, DSV4_SPLIT_ZIGZAG, q, (int)N), "key") ||
+        !tu_ok(dsv4_plan_build(&p, &cfg, &k, DSV4_PLAN_FULL), "zigzag plan"))
+      return;
+    const int64_t c = T / (2 * N);
+    const int n = q == N - 1 ? 1 : 2; /* the middle rank's chunks touch */
+    tu_check(p.rope.rg.n == n && p.rope.rg.lo[0] == (q ? q * c - 8 : 0) &&
+                 p.rope.rg.hi[n - 1] == (2 * N - q) * c && p.rope.cap <= 2 * c + 16,
+             "zigzag rank %d of %lld: RoPE table of %lld positions in %d ranges (the chunks: %lld)", q,
+             (long long)N, (long long)p.rope.cap, p.rope.rg.n, (long long)(2 * c));
+    dsv4_plan_free(&p);
+  }
+}
+
 /* The planned weight-gradient messages of V4-Flash layers (what the CP sweep then checks against
  * measurement): none on one rank; collectives count the same bytes both ways; the point-to-point
  * rows sent by all ranks are the rows they receive; the exact sums cost 16 (N - 1) / N bytes per
@@ -814,6 +839,7 @@ static const tu_test TESTS[] = {
     {"plan", "wgrad-traffic", wgrad_traffic},
     {"plan", "stats-abi", stats_abi},
     {"plan", "keys", plan_keys},
+    {"plan", "zigzag rope", zigzag_rope},
     {"plan", "shards", shards},
     {"plan", "halos", halos},
     {"plan", "gather-index", gather_index},

@@ -890,6 +890,33 @@ static void test_rope_window(void) {
   }
   tu_check(ok, "rope: a window of %lld positions around 3M gives the bits of the whole table", (long long)b.cap);
   tu_check(dsv4_rope_reserve(&b, 10, 5) == DSV4_ERR_ARG, "rope: an inverted position range is refused");
+  /* ranges (a zigzag rank's chunks at both ends of a sequence): the same bits as the whole table,
+   * and only their positions held */
+  dsv4_rope_ranges rg = {0};
+  dsv4_rope_ranges_add(&rg, far - 40, far + 64);
+  dsv4_rope_ranges_add(&rg, 100, 300);
+  dsv4_rope_ranges_add(&rg, 290, 310); /* overlaps the second: one range [100, 310) */
+  ok = rg.n == 2 && rg.lo[0] == 100 && rg.hi[0] == 310 && dsv4_rope_reserve_ranges(&b, &rg) == DSV4_OK &&
+       b.cap == 210 + 104 && dsv4_rope_has(&b, 309) && !dsv4_rope_has(&b, 310) &&
+       !dsv4_rope_has(&b, far - 41);
+  for (int64_t pos = 100; ok && pos < far + 64; pos = pos < 310 && pos + 3 >= 310 ? far - 40 : pos + 3) {
+    tu_fill(va, 64, (uint64_t)pos, 1.0f);
+    memcpy(vb, va, sizeof va);
+    dsv4_rope_apply(&a, va, 64, pos, pos & 1);
+    dsv4_rope_apply(&b, vb, 64, pos, pos & 1);
+    ok = !memcmp(va, vb, sizeof va);
+  }
+  tu_check(ok, "rope: a table of two ranges (%lld positions, 100 and 3M) gives the bits of the whole table",
+           (long long)b.cap);
+  /* ranges that touch merge; one range too many merges the two closest */
+  dsv4_rope_ranges m = {0};
+  for (int j = 0; j < DSV4_ROPE_RANGES; j++) dsv4_rope_ranges_add(&m, 1000 * j, 1000 * j + 10);
+  dsv4_rope_ranges_add(&m, 10, 20); /* touches [0, 10) */
+  const int eight = m.n == DSV4_ROPE_RANGES && m.hi[0] == 20;
+  dsv4_rope_ranges_add(&m, 5500, 5600); /* a ninth: 400 below [6000, 6010), 490 above [5000, 5010) */
+  tu_check(eight && m.n == DSV4_ROPE_RANGES && m.hi[5] == 5010 && m.lo[6] == 5500 && m.hi[6] == 6010 &&
+               m.lo[7] == 7000 && dsv4_rope_ranges_positions(&m) == 20 + 5 * 10 + 510 + 10,
+           "rope ranges: touching ones merge, a ninth merges the two closest (%d ranges)", m.n);
   dsv4_rope_free(&a);
   dsv4_rope_free(&b);
 }
