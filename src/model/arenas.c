@@ -107,10 +107,12 @@ size_t dsv4_carve_core_bwd(char *base, const dsv4_dims *m, dsv4_core_bwd_scratch
   *s = (dsv4_core_bwd_scratch){0};
   const size_t X = 2 * sizeof(int64_t) * (size_t)m->D; /* one exact row */
   s->x_ext = dsv4_carve(&c, X * (size_t)(m->nt * m->R_kv));
-  s->d_ext = dsv4_carve(&c, F(m->R_kv * m->D));
+  /* the float sums only on the naive path (the fast one adds into x_ext / x_cmp directly): d_cmp
+   * is 512 B per token of the whole sequence under CSA, 2 GiB per rank at 4M tokens */
+  if (!m->fast) s->d_ext = dsv4_carve(&c, F(m->R_kv * m->D));
   if (m->ratio > 0) {
     s->x_cmp = dsv4_carve(&c, X * (size_t)(m->nt * m->n_cmp));
-    s->d_cmp = dsv4_carve(&c, F(m->n_cmp * m->D));
+    if (!m->fast) s->d_cmp = dsv4_carve(&c, F(m->n_cmp * m->D));
   }
   if (m->compresses) {
     const size_t Xk = 2 * sizeof(int64_t) * (size_t)dim; /* an exact row of the kv or the keys */

@@ -94,7 +94,7 @@ typedef struct {
  * all chunks, nt copies of [R_kv | n_cmp] x 2 D int64; x_blk: the exact reduce-scatter's result,
  * [n_blk] x 2 max(D, Di) (the kv rows, or the indexer keys); x_ring: its ring's room when the
  * all-gathered rows are not the global ids (cp/exchange.h; otherwise the sums are sent as they
- * lie). d_ext, d_cmp: the naive path's float sums (then added to x_*). */
+ * lie). d_ext, d_cmp: the naive path's float sums (then added to x_*; NULL on the fast path). */
 typedef struct {
   int64_t *x_ext, *x_cmp, *x_ring, *x_blk;
   float *d_ext, *d_cmp, *d_KI, *d_blk, *dC, *dZ, *d_qI, *d_wI;

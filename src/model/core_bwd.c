@@ -67,10 +67,10 @@ dsv4_status dsv4_core_bwd_begin(dsv4_core *c, dsv4_weights *grads, float d_loss)
   dsv4_carve_core_bwd(c->scratch.base, dm, &st->bs); /* the forward reserved the larger phase */
   const size_t X = 2 * sizeof(int64_t) * (size_t)dm->D; /* one exact row */
   memset(st->bs.x_ext, 0, X * (size_t)(dm->nt * dm->R_kv));
-  memset(st->bs.d_ext, 0, sizeof(float) * (size_t)(dm->R_kv * dm->D));
+  if (st->bs.d_ext) memset(st->bs.d_ext, 0, sizeof(float) * (size_t)(dm->R_kv * dm->D));
   if (c->ratio > 0) {
     memset(st->bs.x_cmp, 0, X * (size_t)(dm->nt * dm->n_cmp));
-    memset(st->bs.d_cmp, 0, sizeof(float) * (size_t)(dm->n_cmp * dm->D));
+    if (st->bs.d_cmp) memset(st->bs.d_cmp, 0, sizeof(float) * (size_t)(dm->n_cmp * dm->D));
   }
   if (dm->own_cmp) {
     st->d_KI = st->bs.d_KI;

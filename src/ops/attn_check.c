@@ -44,7 +44,9 @@ fail:
   return rc;
 }
 
-dsv4_status dsv4_attn_bwd_check(const dsv4_attn_bwd_args *b) {
+dsv4_status dsv4_attn_bwd_check(const dsv4_attn_bwd_args *b) { return dsv4_attn_bwd_check_sums(b, 0, 0); }
+
+dsv4_status dsv4_attn_bwd_check_sums(const dsv4_attn_bwd_args *b, int sums_ori, int sums_cmp) {
   dsv4_status rc = DSV4_OK;
   DSV4_CHECK(b, DSV4_ERR_ARG, "sparse_attn backward: NULL arguments");
   dsv4_attn_args chk = b->fwd; /* the forward's checks, with the forward's outputs as given here */
@@ -52,9 +54,10 @@ dsv4_status dsv4_attn_bwd_check(const dsv4_attn_bwd_args *b) {
   chk.lse = (float *)b->lse;
   if (b->scores) chk.scores_out = (float *)b->scores; /* the same layout checks */
   DSV4_TRY(dsv4_attn_check(&chk));
-  DSV4_CHECK(b->dq && b->d_ori_kv && b->d_sink && b->dout, DSV4_ERR_ARG,
+  DSV4_CHECK(b->dq && (sums_ori || b->d_ori_kv) && b->d_sink && b->dout, DSV4_ERR_ARG,
              "sparse_attn backward: a required pointer is NULL");
-  DSV4_CHECK(!b->fwd.cmp_kv || b->d_cmp_kv, DSV4_ERR_ARG, "sparse_attn backward: d_cmp_kv is NULL");
+  DSV4_CHECK(!b->fwd.cmp_kv || sums_cmp || b->d_cmp_kv, DSV4_ERR_ARG,
+             "sparse_attn backward: d_cmp_kv is NULL");
 fail:
   return rc;
 }

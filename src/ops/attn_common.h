@@ -112,6 +112,9 @@ void dsv4_indexer_select(const dsv4_indexer_args *a, int64_t p, const float *sco
 /* Validates shapes, window ranges and compressed rows; errors name the argument. */
 dsv4_status dsv4_attn_check(const dsv4_attn_args *a);
 dsv4_status dsv4_attn_bwd_check(const dsv4_attn_bwd_args *b);
+/* The same, where the caller keeps the key gradients as exact sums (sums_ori, sums_cmp: the
+ * d_ori_kv / d_cmp_kv floats are not written and may be NULL). */
+dsv4_status dsv4_attn_bwd_check_sums(const dsv4_attn_bwd_args *b, int sums_ori, int sums_cmp);
 dsv4_status dsv4_indexer_check(const dsv4_indexer_args *a);
 dsv4_status dsv4_kl_check(const dsv4_kl_args *a);
 

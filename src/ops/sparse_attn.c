@@ -295,7 +295,7 @@ dsv4_status dsv4_sparse_attn_bwd_into_progress(const dsv4_attn_bwd_args *b, dsv4
   const dsv4_attn_args *a = &b->fwd;
   dsv4_workspace ws = {0};
   dsv4_xrows xo = {0}, xc = {0}, xs = {0};
-  DSV4_TRY(dsv4_attn_bwd_check(b));
+  DSV4_TRY(dsv4_attn_bwd_check_sums(b, x_ori != NULL, x_cmp != NULL));
   const int H = a->H, D = a->D;
   const int64_t ncmax = dsv4_attn_max_cmp(a), nmax = (max_win(a) > ncmax ? max_win(a) : ncmax) + 1;
   const int64_t C = a->cmp_kv ? a->C : 0;
