@@ -183,7 +183,7 @@ static inline void dsv4_xacc_merge(int64_t *restrict hi, int64_t *restrict lo, c
   }
 }
 
-/* After integer sums of several normalised rows (a reduce-scatter): lo back into [0, 2^56). */
+/* After integer sums of several normalised rows (a reduce-scatter): lo back into [0, 2^50). */
 static inline void dsv4_xacc_normalize(int64_t *restrict hi, int64_t *restrict lo, int64_t n) {
   const int64_t mask = ((int64_t)1 << DSV4_XACC_LO_BITS) - 1;
   for (int64_t e = 0; e < n; e++) {
