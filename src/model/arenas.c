@@ -111,7 +111,8 @@ size_t dsv4_carve_core_bwd(char *base, const dsv4_dims *m, dsv4_core_bwd_scratch
    * is 512 B per token of the whole sequence under CSA, 2 GiB per rank at 4M tokens */
   if (!m->fast) s->d_ext = dsv4_carve(&c, F(m->R_kv * m->D));
   if (m->ratio > 0) {
-    s->x_cmp = dsv4_carve(&c, X * (size_t)(m->nt * m->n_cmp));
+    s->x_cmp = dsv4_carve(&c, X * (size_t)m->n_cmp);
+    s->x_lock = dsv4_carve(&c, (size_t)m->n_cmp);
     if (!m->fast) s->d_cmp = dsv4_carve(&c, F(m->n_cmp * m->D));
   }
   if (m->compresses) {
@@ -217,9 +218,9 @@ size_t dsv4_kernel_scratch_bytes(const dsv4_dims *m, int threads) {
   const int64_t ncmax = m->sparse ? m->k : m->ratio > 0 ? m->max_keys : 0;
   const size_t attn = x * (size_t)m->H + dsv4_sparse_attn_bwd_thread_bytes(m->H, m->D, m->max_keys + 1, ncmax,
                                                                            m->n_cmp, m->sparse);
-  const size_t kl = m->selects ? x * (size_t)(m->n_cmp * m->Di) +
-                                     dsv4_kl_thread_bytes(m->H, m->D, m->Hi, m->Di,
-                                                          m->sparse_kl ? m->k : m->n_cmp, m->n_cmp, 1)
+  /* the KL backward: its workspace (its k_idx gradient goes into the layer's own sums: core_bwd.c) */
+  const size_t kl = m->selects ? dsv4_kl_thread_bytes(m->H, m->D, m->Hi, m->Di, m->sparse_kl ? m->k : m->n_cmp,
+                                                      m->n_cmp, 1)
                                : 0;
   return nt * (attn > kl ? attn : kl);
 }

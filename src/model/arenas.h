@@ -91,12 +91,16 @@ typedef struct {
 } dsv4_core_fwd_scratch;
 
 /* x_ext, x_cmp: the exact sums (util/xacc.h) of the window rows' and compressed rows' gradients over
- * all chunks, nt copies of [R_kv | n_cmp] x 2 D int64; x_blk: the exact reduce-scatter's result,
- * [n_blk] x 2 max(D, Di) (the kv rows, or the indexer keys); x_ring: its ring's room when the
- * all-gathered rows are not the global ids (cp/exchange.h; otherwise the sums are sent as they
- * lie). d_ext, d_cmp: the naive path's float sums (then added to x_*; NULL on the fast path). */
+ * all chunks: x_ext nt copies of [R_kv] x 2 D int64; x_cmp one copy of [n_cmp] x 2 D (it grows with
+ * the sequence), which the threads add into under the row locks x_lock [n_cmp] (util/xrows.h; the
+ * KL's indexer-key sums take the same locks, one operator at a time); x_blk: the exact
+ * reduce-scatter's result, [n_blk] x 2 max(D, Di) (the kv rows, or the indexer keys); x_ring: its
+ * ring's room when the all-gathered rows are not the global ids (cp/exchange.h; otherwise the sums
+ * are sent as they lie). d_ext, d_cmp: the naive path's float sums (then added to x_*; NULL on the
+ * fast path). */
 typedef struct {
   int64_t *x_ext, *x_cmp, *x_ring, *x_blk;
+  uint8_t *x_lock;
   float *d_ext, *d_cmp, *d_KI, *d_blk, *dC, *dZ, *d_qI, *d_wI;
   float *rc_lse, *rc_scores, *qI, *wI;  /* recomputation: a chunk's lse, logits (or NULL), indexer queries */
   int64_t rc_stride;                    /* floats per query in rc_scores */

@@ -224,7 +224,8 @@ dsv4_status dsv4_attend_bwd(const dsv4_stage_env *e, const dsv4_attn_bwd_args *a
 
 /* loss.c. The KL terms of local rows [i0, i0 + n) (kl_rows [n] doubles; *valid += queries with a
  * term); the loss reduced exactly over ranks from every row's term (coeff * sum / n_valid);
- * the KL backward of a chunk (d qI, d w overwritten; d KI [n_cmp, Di] accumulated). */
+ * the KL backward of a chunk (d qI, d w overwritten; d KI [n_cmp, Di] accumulated, or, on the fast
+ * path with x_KI non-NULL, added into those exact sums instead: d_KI is then not written). */
 typedef struct {
   const float *q, *cmp, *qI, *wI, *KI, *teacher, *scores;
   const int32_t *topk;
@@ -234,6 +235,6 @@ dsv4_status dsv4_loss_rows(const dsv4_stage_env *e, int64_t i0, int64_t n, const
 dsv4_status dsv4_loss_reduce(const dsv4_stage_env *e, const double *kl_rows, int64_t kl_valid, int64_t *n_valid,
                              float *loss);
 dsv4_status dsv4_loss_bwd_rows(const dsv4_stage_env *e, int64_t i0, int64_t n, const dsv4_loss_in *in,
-                               float grad_scale, float *d_qI, float *d_w, float *d_KI);
+                               float grad_scale, float *d_qI, float *d_w, float *d_KI, dsv4_xrows *x_KI);
 
 #endif

@@ -69,7 +69,8 @@ dsv4_status dsv4_core_bwd_begin(dsv4_core *c, dsv4_weights *grads, float d_loss)
   memset(st->bs.x_ext, 0, X * (size_t)(dm->nt * dm->R_kv));
   if (st->bs.d_ext) memset(st->bs.d_ext, 0, sizeof(float) * (size_t)(dm->R_kv * dm->D));
   if (c->ratio > 0) {
-    memset(st->bs.x_cmp, 0, X * (size_t)(dm->nt * dm->n_cmp));
+    memset(st->bs.x_cmp, 0, X * (size_t)dm->n_cmp);
+    memset(st->bs.x_lock, 0, (size_t)dm->n_cmp);
     if (st->bs.d_cmp) memset(st->bs.d_cmp, 0, sizeof(float) * (size_t)(dm->n_cmp * dm->D));
   }
   if (dm->own_cmp) {
@@ -183,7 +184,7 @@ dsv4_status dsv4_core_bwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
   /* the fast path adds the key gradients into the exact sums over all chunks; the naive path into
    * d_ext / d_cmp (floats, added to the sums at the end) */
   dsv4_xrows xo = dsv4_xrows_view(st->bs.x_ext, st->dm.R_kv, st->dm.D, st->dm.nt);
-  dsv4_xrows xc = dsv4_xrows_view(st->bs.x_cmp, st->dm.n_cmp, st->dm.D, st->dm.nt);
+  dsv4_xrows xc = dsv4_xrows_view_locked(st->bs.x_cmp, st->bs.x_lock, st->dm.n_cmp, st->dm.D, st->dm.nt);
   const int fast = c->impl != DSV4_IMPL_NAIVE;
   for (int r = 0; r < n_own; r++) {
     const int64_t a = lo[r] - i0, HD = (int64_t)H * c->cfg.head_dim;
@@ -203,7 +204,14 @@ dsv4_status dsv4_core_bwd_rows(dsv4_core *c, int64_t i0, int64_t n, const float 
     const double gs = st->n_valid ? c->cfg.index_loss_coeff / (double)st->n_valid * st->d_loss : 0.0;
     const dsv4_loss_in in = {.q = q, .cmp = st->cmp, .qI = qI, .wI = wI, .KI = st->KI, .teacher = st->sv.teacher,
                              .scores = st->sv.scores, .topk = st->topk, .kl_rows = st->sv.kl_rows};
-    DSV4_TRY(dsv4_loss_bwd_rows(&e, i0, n, &in, (float)gs, st->bs.d_qI, st->bs.d_wI, st->d_KI));
+    /* the KL adds d KI into its sink's exact sums, their only copy, under the compressed rows' locks
+     * (the attention above has released them) */
+    const dsv4_wsink *ks = st->d_KI_sum;
+    dsv4_xrows xk = {0};
+    const int into = fast && ks && ks->acc && !ks->n_lo && ks->n / ks->w == st->dm.n_cmp;
+    if (into) xk = dsv4_xrows_view_locked(ks->acc, st->bs.x_lock, ks->n / ks->w, ks->w, st->dm.nt);
+    DSV4_TRY(
+        dsv4_loss_bwd_rows(&e, i0, n, &in, (float)gs, st->bs.d_qI, st->bs.d_wI, st->d_KI, into ? &xk : NULL));
     /* default mode: the saved queries' rows (dead after this chunk) keep d qI, d w for the end */
     float *kq = c->recompute ? st->kqI : st->sv.qI, *kw = c->recompute ? st->kwI : st->sv.wI;
     DSV4_TRY(dsv4_select_queries_bwd(&e, i0, n, st->bs.d_qI, st->bs.d_wI, st->qr, st->x, st->grads, &st->sinks, kq,
@@ -217,11 +225,12 @@ fail:
   return rc;
 }
 
-/* The exact sums of rows [rows, 2 w] (copy 0 of the threads' copies): the fast path merges the copies;
- * the naive path adds its float sums f [rows, w] as terms. */
-static dsv4_status sums_of(const dsv4_core *c, int64_t *x, const float *f, int64_t rows, int64_t w) {
+/* The exact sums of rows [rows, 2 w] (copy 0 of the copies: nt of them, or 1): the fast path merges
+ * the copies; the naive path adds its float sums f [rows, w] as terms. */
+static dsv4_status sums_of(const dsv4_core *c, int64_t *x, const float *f, int64_t rows, int64_t w,
+                           int copies) {
   dsv4_status rc = DSV4_OK;
-  dsv4_xrows v = dsv4_xrows_view(x, rows, w, c->run.dm.nt);
+  dsv4_xrows v = dsv4_xrows_view(x, rows, w, copies);
   if (c->impl != DSV4_IMPL_NAIVE) {
     dsv4_xrows_merge(&v);
     return DSV4_OK;
@@ -240,12 +249,12 @@ dsv4_status dsv4_core_bwd_end(dsv4_core *c, float *dkv, float *dx) {
   const dsv4_dims *dm = &st->dm;
   DSV4_CHECK(st->valid && st->grads, DSV4_ERR_STATE, "core backward: end before dsv4_core_bwd_begin");
   DSV4_CHECK(dkv && (c->ratio == 0 || dx), DSV4_ERR_ARG, "core backward: dkv (and dx for a compressed layer) required");
-  DSV4_TRY(sums_of(c, st->bs.x_ext, st->bs.d_ext, dm->R_kv, dm->D));
+  DSV4_TRY(sums_of(c, st->bs.x_ext, st->bs.d_ext, dm->R_kv, dm->D, dm->nt));
   DSV4_TRY(dsv4_window_halo_bwd(&e, st->bs.x_ext, dkv));
   /* the compressed rows' sums: this layer's own (V4), or added to its kv source's (V4.1) */
   const int64_t *x_src = st->bs.x_cmp;
   if (c->ratio > 0) {
-    DSV4_TRY(sums_of(c, st->bs.x_cmp, st->bs.d_cmp, dm->n_cmp, dm->D));
+    DSV4_TRY(sums_of(c, st->bs.x_cmp, st->bs.d_cmp, dm->n_cmp, dm->D, 1));
     if (st->kv_e) {
       int64_t *sum = st->kv_e->x_cmp;
       const int64_t D = dm->D;

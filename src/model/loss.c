@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "core.h"
+#include "ops/kl_loss.h"
 #include "ops/placement.h"
 #include "util/err.h"
 
@@ -52,7 +53,8 @@ fail:
 }
 
 dsv4_status dsv4_loss_bwd_rows(const dsv4_stage_env *e, int64_t i0, int64_t n, const dsv4_loss_in *in,
-                               float grad_scale, float *d_qI, float *d_w, float *d_KI) {
+                               float grad_scale, float *d_qI, float *d_w, float *d_KI, dsv4_xrows *x_KI) {
+  dsv4_status rc = DSV4_OK;
   double sum = 0;
   int64_t cnt = 0;
   dsv4_kl_args ka = kl_args(e, i0, n, in);
@@ -64,5 +66,11 @@ dsv4_status dsv4_loss_bwd_rows(const dsv4_stage_env *e, int64_t i0, int64_t n, c
   ka.grad_scale = grad_scale;
   dsv4_placement places[6];
   dsv4_kl_places(places);
-  return dsv4_indexer_kl_loss_dist(&ka, e->x->comm->size, places, e->impl);
+  if (e->impl == DSV4_IMPL_NAIVE || !x_KI)
+    return dsv4_indexer_kl_loss_dist(&ka, e->x->comm->size, places, e->impl);
+  dsv4_placement out[4];
+  DSV4_TRY(dsv4_indexer_kl_loss_infer(e->x->comm->size, places, out));
+  DSV4_TRY(dsv4_indexer_kl_loss_into(&ka, x_KI));
+fail:
+  return rc;
 }

@@ -367,7 +367,7 @@ static dsv4_status bwd_serve_part(dsv4_core *c, const dsv4_offload_part *p) {
   /* a view (the operator leaves the copies to its caller, who sends them) */
   DSV4_TRY(dsv4_xrows_alloc(&xo, 0, p->kv_rows, D, st->dm.nt, "attention rows of another rank"));
   xo.view = 1;
-  dsv4_xrows xc = dsv4_xrows_view(st->bs.x_cmp, st->dm.n_cmp, D, st->dm.nt);
+  dsv4_xrows xc = dsv4_xrows_view_locked(st->bs.x_cmp, st->bs.x_lock, st->dm.n_cmp, D, st->dm.nt);
   float *in[2][3], *dq[2];
   for (int x = 0; x < 2; x++) {
     for (int i = 0; i < 3; i++) in[x][i] = s.buf + (x * 3 + i) * B_ROWS * HD;

@@ -4,6 +4,8 @@
  *   student  [Hi, Di] x [Di, n] (2 Hi Di n)
  *   dq_idx = G [Hi, n] x K [n, Di],  dk_idx = G^T x q_idx  (4 Hi Di n)
  * With V4-Flash sizes (n = 512) that is 34 + 8 + 17 MFLOP per query on 1.25 MiB of gathered rows. */
+#include "kl_loss.h"
+
 #include "attn_common.h"
 #include "kernels.h"
 #include "util/err.h"
@@ -157,9 +159,12 @@ static double one_query(const dsv4_kl_args *a, int64_t p, int n, kl_scratch *s, 
   return loss;
 }
 
-/* d_k_idx rows are sums over queries: exact per-thread accumulators (util/xrows.h), so they do not
- * depend on the thread count. */
-dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
+/* d_k_idx rows are sums over queries: exact sums (util/xrows.h), one copy that the threads add into
+ * under row locks (or the caller's, dsv4_indexer_kl_loss_into), so they do not depend on the thread
+ * count. */
+dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) { return dsv4_indexer_kl_loss_into(a, NULL); }
+
+dsv4_status dsv4_indexer_kl_loss_into(const dsv4_kl_args *a, dsv4_xrows *x_k) {
   dsv4_status rc = DSV4_OK;
   double *terms = NULL;
   dsv4_xrows xk = {0};
@@ -171,9 +176,17 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
     int64_t n = a->dense ? a->vis_count[p] : a->topk;
     nmax = n > nmax ? n : nmax;
   }
-  const int nt = dsv4_team(a->threads);
+  int nt = dsv4_team(a->threads);
   DSV4_ALLOC(terms, a->S1 + 1);
-  if (a->d_k_idx) DSV4_TRY(dsv4_xrows_alloc(&xk, 0, a->C, Di, nt, "indexer_kl_loss"));
+  if (a->d_k_idx && x_k) {
+    DSV4_CHECK(x_k->r0 == 0 && x_k->rows >= a->C && x_k->w == Di, DSV4_ERR_ARG,
+               "indexer_kl_loss: k_idx gradient sums of %lld rows of %lld", (long long)x_k->rows,
+               (long long)x_k->w);
+    xk = *x_k;
+    nt = nt < xk.nt ? nt : xk.nt;
+  } else if (a->d_k_idx) {
+    DSV4_TRY(dsv4_xrows_alloc_locked(&xk, 0, a->C, Di, nt, "indexer_kl_loss"));
+  }
   kl_scratch sc;
   const int G = kl_group(a, nmax);
   DSV4_TRY(dsv4_ws_alloc(&ws, kl_carve(NULL, a, nmax, G, &sc), nt, "indexer_kl_loss"));
@@ -203,8 +216,11 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
       if (a->d_k_idx) bad |= dsv4_xrows_add_group(&xk, &sc.grp);
     }
   }
+  DSV4_CHECK(!(x_k && bad), DSV4_ERR_ARG,
+             "indexer_kl_loss: a k_idx gradient term is not finite or not below 2^24 "
+             "(the exact sums' range)");
   xk.bad = bad;
-  if (a->d_k_idx) DSV4_TRY(dsv4_xrows_finish(&xk, a->d_k_idx, "indexer_kl_loss"));
+  if (a->d_k_idx && !x_k) DSV4_TRY(dsv4_xrows_finish(&xk, a->d_k_idx, "indexer_kl_loss"));
   double total = 0;
   for (int64_t p = 0; p < a->S1; p++) total += terms[p];
   if (a->loss_rows) memcpy(a->loss_rows, terms, sizeof(double) * (size_t)a->S1);
@@ -213,6 +229,6 @@ dsv4_status dsv4_indexer_kl_loss(const dsv4_kl_args *a) {
 fail:
   dsv4_ws_free(&ws);
   free(terms);
-  dsv4_xrows_free(&xk);
+  dsv4_xrows_free(&xk); /* a view (x_k) is left to its owner */
   return rc;
 }

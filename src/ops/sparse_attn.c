@@ -320,7 +320,7 @@ dsv4_status dsv4_sparse_attn_bwd_into_progress(const dsv4_attn_bwd_args *b, dsv4
                (long long)x_cmp->rows);
     xc = *x_cmp;
   } else {
-    DSV4_TRY(dsv4_xrows_alloc(&xc, 0, C, D, nt, "sparse_attn backward"));
+    DSV4_TRY(dsv4_xrows_alloc_locked(&xc, 0, C, D, nt, "sparse_attn backward"));
   }
   DSV4_TRY(dsv4_xrows_alloc(&xs, 0, 1, H, nt, "sparse_attn backward"));
   bwd_scratch sc;

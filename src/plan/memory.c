@@ -58,6 +58,9 @@ static dsv4_status plan_memory(const dsv4_config *cfg, int layer, const dsv4_pac
                    dsv4_kernel_scratch_bytes(&dm, opts ? opts->threads : 1) +
                    dsv4_wgrad_bytes(cfg, dm.selects, recompute, opts ? opts->threads : 1, n, key.T, size,
                                     p.partial, p.partial_max);
+  /* V4's indexer keys' gradient: its exact sums over the backward's chunks (core_bwd.c begin_sinks;
+   * a V4.1 source's are its shared entry's, above), 16 bytes per element of every compressed row */
+  if (dm.v4_keys) out->transient += 2 * sizeof(int64_t) * (uint64_t)dm.n_cmp * (uint64_t)cfg->index_head_dim;
   /* attention rows moved to or from another rank (the fast path's): their buffers at the most */
   dsv4_token_cost tc;
   DSV4_TRY(dsv4_token_cost_of(cfg, layer, &tc));

@@ -16,11 +16,24 @@ fail:
   return rc;
 }
 
+dsv4_status dsv4_xrows_alloc_locked(dsv4_xrows *x, int64_t r0, int64_t rows, int64_t w, int nt,
+                                    const char *what) {
+  dsv4_status rc = DSV4_OK;
+  DSV4_TRY(dsv4_xrows_alloc(x, r0, rows, w, 1, what));
+  x->nt = nt;
+  x->lock = dsv4_calloc((size_t)(x->rows > 0 ? x->rows : 1), 1);
+  DSV4_CHECK(x->lock, DSV4_ERR_NOMEM, "%s: out of memory for the exact sums' row locks", what);
+fail:
+  if (rc != DSV4_OK) dsv4_xrows_free(x);
+  return rc;
+}
+
 void dsv4_xrows_group_carve(dsv4_carver *c, int64_t rows, int64_t cap, dsv4_xrows_group *g) {
   const size_t r = (size_t)(rows > 0 ? rows : 1), k = (size_t)(cap > 0 ? cap : 1);
   g->slot = dsv4_carve(c, sizeof(int32_t) * r);
   g->uniq = dsv4_carve(c, sizeof(int32_t) * k);
   g->cnt = dsv4_carve(c, sizeof(int32_t) * k);
+  g->defer = dsv4_carve(c, sizeof(int32_t) * k);
   g->start = dsv4_carve(c, sizeof(int64_t) * k);
   g->terms = dsv4_carve(c, sizeof(const float *) * k);
 }
@@ -57,19 +70,37 @@ int dsv4_xrows_add_group(dsv4_xrows *x, dsv4_xrows_group *g) {
       g->terms[g->start[s] + g->cnt[s]++] = g->list_t[l] + (int64_t)j * w;
     }
   g->nl = 0;
-  int64_t *base = x->base + (size_t)dsv4_thread_id() * (size_t)x->rows * 2 * (size_t)w;
+  const size_t copy = x->lock ? 0 : (size_t)dsv4_thread_id();
+  int64_t *base = x->base + copy * (size_t)x->rows * 2 * (size_t)w;
   int bad = 0;
-  for (int32_t u = 0; u < nu; u++) {
-    int64_t *acc = base + (int64_t)g->uniq[u] * 2 * w;
-    bad |= dsv4_xacc_addk_(acc, acc + w, g->terms + g->start[u], g->cnt[u], w, 0);
-    g->slot[g->uniq[u]] = -1;
+  if (!x->lock || x->nt < 2) {
+    for (int32_t u = 0; u < nu; u++) {
+      int64_t *acc = base + (int64_t)g->uniq[u] * 2 * w;
+      bad |= dsv4_xacc_addk_(acc, acc + w, g->terms + g->start[u], g->cnt[u], w, 0);
+      g->slot[g->uniq[u]] = -1;
+    }
+    return bad;
   }
+  int32_t nd = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int32_t i = 0, n = pass ? nd : nu; i < n; i++) {
+      const int32_t u = pass ? g->defer[i] : i, r = g->uniq[u];
+      if (!pass && !dsv4_xrows_trylock(x->lock + r)) {
+        g->defer[nd++] = u;
+        continue;
+      }
+      if (pass) dsv4_xrows_lock(x->lock + r);
+      int64_t *acc = base + (int64_t)r * 2 * w;
+      bad |= dsv4_xacc_addk_(acc, acc + w, g->terms + g->start[u], g->cnt[u], w, 0);
+      dsv4_xrows_unlock(x->lock + r);
+      g->slot[r] = -1;
+    }
   return bad;
 }
 
 void dsv4_xrows_merge(dsv4_xrows *x) {
   const int64_t w = x->w, per = x->rows * 2 * w;
-  if (x->nt < 2) return;
+  if (x->nt < 2 || x->lock) return;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < x->rows; r++) {
     int64_t *a = x->base + r * 2 * w;
@@ -92,6 +123,7 @@ fail:
 }
 
 void dsv4_xrows_free(dsv4_xrows *x) {
-  if (!x->view) free(x->base);
+  if (!x->view) free(x->base), free(x->lock);
   x->base = NULL;
+  x->lock = NULL;
 }

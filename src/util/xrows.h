@@ -20,12 +20,14 @@
 #include "util/xacc.h"
 
 typedef struct {
-  int64_t *base;     /* nt copies of rows x 2 w int64 */
+  int64_t *base;     /* nt copies of rows x 2 w int64 (one copy when locked) */
   int64_t r0, rows;  /* the rows [r0, r0 + rows) this accumulator covers */
   int64_t w;         /* row width (floats) */
-  int nt;
+  int nt;            /* threads that may add (each into its own copy unless locked) */
   int bad;           /* some term was non-finite or too large (set by the threads) */
   int view;          /* the copies belong to the caller (dsv4_xrows_view): finish and free leave them */
+  uint8_t *lock;     /* [rows] or NULL: one copy that the nt threads share, a row's adds made under its
+                        lock (the sums are integers: the same bits in any order) */
 } dsv4_xrows;
 
 /* Caller-owned copies (nt copies of rows x 2 w int64, zeroed by the caller), e.g. sums that outlive
@@ -34,18 +36,47 @@ static inline dsv4_xrows dsv4_xrows_view(int64_t *base, int64_t rows, int64_t w,
   return (dsv4_xrows){.base = base, .r0 = 0, .rows = rows, .w = w, .nt = nt, .view = 1};
 }
 
+/* One caller-owned copy (rows x 2 w int64) that nt threads add into under per-row locks (lock:
+ * [rows] bytes, zeroed by the caller; no add holds one between calls). Sums of every compressed row
+ * of the sequence are O(S): a copy per thread would multiply them by the threads. */
+static inline dsv4_xrows dsv4_xrows_view_locked(int64_t *base, uint8_t *lock, int64_t rows, int64_t w,
+                                                int nt) {
+  return (dsv4_xrows){.base = base, .r0 = 0, .rows = rows, .w = w, .nt = nt, .view = 1, .lock = lock};
+}
+
+/* A row's lock (spin: a row's adds take microseconds). */
+static inline int dsv4_xrows_trylock(uint8_t *l) { return !__atomic_test_and_set(l, __ATOMIC_ACQUIRE); }
+static inline void dsv4_xrows_unlock(uint8_t *l) { __atomic_clear(l, __ATOMIC_RELEASE); }
+static inline void dsv4_xrows_lock(uint8_t *l) {
+  while (!dsv4_xrows_trylock(l))
+    while (__atomic_load_n(l, __ATOMIC_RELAXED)) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+}
+
 /* Merges every copy into copy 0 (exact; parallel over rows). Copy 0 then holds the sums. */
 void dsv4_xrows_merge(dsv4_xrows *x);
 
 /* Zeroed copies (calloc: pages are touched first by the thread that adds into them). */
 dsv4_status dsv4_xrows_alloc(dsv4_xrows *x, int64_t r0, int64_t rows, int64_t w, int nt, const char *what);
+/* One zeroed copy with row locks for nt threads (dsv4_xrows_view_locked's, owned). */
+dsv4_status dsv4_xrows_alloc_locked(dsv4_xrows *x, int64_t r0, int64_t rows, int64_t w, int nt,
+                                    const char *what);
 
 /* Rows [row, row + n) += t [n, w] (contiguous) on the calling thread's copy; nonzero: a bad term. */
 static inline int dsv4_xrows_add(dsv4_xrows *x, int64_t row, const float *t, int64_t n) {
   const int64_t w = x->w;
-  int64_t *acc = x->base + ((size_t)dsv4_thread_id() * (size_t)x->rows + (size_t)(row - x->r0)) * 2 * (size_t)w;
+  const size_t copy = x->lock ? 0 : (size_t)dsv4_thread_id();
+  int64_t *acc = x->base + (copy * (size_t)x->rows + (size_t)(row - x->r0)) * 2 * (size_t)w;
+  const int locking = x->lock && x->nt > 1;
   int bad = 0;
-  for (int64_t i = 0; i < n; i++, acc += 2 * w, t += w) bad |= dsv4_xacc_add(acc, acc + w, t, w);
+  for (int64_t i = 0; i < n; i++, acc += 2 * w, t += w) {
+    if (locking) dsv4_xrows_lock(x->lock + row - x->r0 + i);
+    bad |= dsv4_xacc_add(acc, acc + w, t, w);
+    if (locking) dsv4_xrows_unlock(x->lock + row - x->r0 + i);
+  }
   return bad;
 }
 
@@ -56,6 +87,7 @@ static inline int dsv4_xrows_add(dsv4_xrows *x, int64_t row, const float *t, int
 typedef struct {
   int32_t *slot;       /* [rows]: a row's place among the group's distinct rows, or -1 between groups */
   int32_t *uniq, *cnt; /* [cap]: the distinct rows in the order first seen, their term counts */
+  int32_t *defer;      /* [cap]: distinct rows whose lock was taken at the first try (locked sums) */
   int64_t *start;      /* [cap]: where a distinct row's terms begin in terms */
   const float **terms; /* [cap]: the group's terms, ordered by distinct row */
   const int32_t *list_rows[DSV4_XROWS_LISTS];
@@ -77,7 +109,8 @@ static inline void dsv4_xrows_group_push(dsv4_xrows_group *g, const int32_t *row
  * name takes all its terms in one pass over its sums (dsv4_xacc_addk), so each distinct row's sums
  * are read and written once per group, not once per list (key gradients of neighbouring queries,
  * which select mostly the same rows). Exact integer adds: the same sums as dsv4_xrows_add list by
- * list. Nonzero: a bad term. */
+ * list. Locked sums: a row another thread holds is left for a second pass, so that threads adding
+ * neighbouring groups (mostly the same rows) seldom wait. Nonzero: a bad term. */
 int dsv4_xrows_add_group(dsv4_xrows *x, dsv4_xrows_group *g);
 
 /* While a backward's gradient sinks are active (model/wgrad.h), rows bound for a registered

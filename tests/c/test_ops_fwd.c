@@ -13,6 +13,7 @@
  * Usage: test_ops_fwd [FILTER | --list]: the checks of the TESTS table (bottom) whose
  * "operator/property" contains FILTER, e.g. `test_ops_fwd compressor` or `test_ops_fwd invariance`. */
 #include "ops_fixtures.h"
+#include "ops/kl_loss.h"
 #include "ops/rmsnorm.h"
 #include "ops/sparse_attn.h"
 #include "ops/topk.h"
@@ -863,6 +864,48 @@ static void test_kl_given_teacher(void) {
   }
 }
 
+/* The KL adding its k_idx gradient into the caller's exact sums (a layer backward's one-thread path):
+ * the sums, rounded, are the bits the plain call writes to d_k_idx, which the call leaves unwritten;
+ * the loss and d q_idx keep their bits; sums of too few rows are an error that names them. */
+static void test_kl_into(void) {
+  char d[160];
+  for (int c = 0; c < N_KL_ALL; c++)
+    for (int dense = 0; dense < 2; dense++) {
+      const kl_case kc = kl_case_at(c);
+      kl_prob K;
+      kl_make(&K, &kc.ix, kc.H, kc.D, dense, 0.75f);
+      const idx_spec *s = &K.ix.sp;
+      const int64_t C = s->C, Di = s->Di, nq = s->S1 * s->Hi * Di;
+      if (C == 0) {
+        kl_free(&K);
+        continue;
+      }
+      snprintf(d, sizeof d, "S1=%lld C=%lld topk=%d %s", (long long)s->S1, (long long)C, s->topk,
+               dense ? "dense" : "sparse");
+      tu_ok(dsv4_indexer_kl_loss(&K.a), "kl_loss");
+      float *dk0 = DUP(K.d_k_idx, C * Di), *dq0 = DUP(K.d_q_idx, nq), *dk1 = FALLOC(C * Di);
+      const double loss0 = K.loss;
+      int64_t *base = (int64_t *)xalloc((size_t)(C * 2 * Di), sizeof(int64_t));
+      dsv4_xrows x = dsv4_xrows_view(base, C, Di, 1);
+      memset(K.d_k_idx, 0xff, sizeof(float) * (size_t)(C * Di)); /* NaN bits: must stay */
+      memset(K.d_q_idx, 0, sizeof(float) * (size_t)nq);
+      tu_ok(dsv4_indexer_kl_loss_into(&K.a, &x), "kl_loss into sums");
+      int untouched = 1;
+      for (int64_t e = 0; e < C * Di; e++) untouched &= ((const uint32_t *)K.d_k_idx)[e] == 0xffffffffu;
+      tu_ok(dsv4_xrows_finish(&x, dk1, "kl sums"), "kl sums rounded");
+      tu_check(untouched && !memcmp(dk0, dk1, sizeof(float) * (size_t)(C * Di)) &&
+                   !memcmp(dq0, K.d_q_idx, sizeof(float) * (size_t)nq) && K.loss == loss0,
+               "kl_loss into the caller's sums: d_k_idx untouched, the sums round to its bits, d q_idx and "
+               "the loss unchanged: %s",
+               d);
+      dsv4_xrows few = dsv4_xrows_view(base, C - 1, Di, 1);
+      expect_arg_error(dsv4_indexer_kl_loss_into(&K.a, &few), "k_idx gradient sums",
+                       "kl_loss into C - 1 rows");
+      free(dk0), free(dq0), free(dk1), free(base);
+      kl_free(&K);
+    }
+}
+
 /* The difference helpers must not lose a NaN that a later finite difference follows. */
 static void test_diff_keeps_nan(void) {
   const float a[3] = {0.0f, NAN, 1.0f}, b[3] = {0.0f, 0.0f, 0.0f};
@@ -968,6 +1011,7 @@ static const tu_test TESTS[] = {
     {"compressor", "fast-vs-naive", test_compressor},
     {"indexer", "fast-vs-naive", test_indexer},
     {"kl_loss", "contract", test_kl_given_teacher},
+    {"kl_loss", "sums", test_kl_into},
     {"util", "contract", test_diff_keeps_nan},
     {"indexer", "contract", test_indexer_identical_keys},
     {"indexer", "candidates", test_indexer_candidates},

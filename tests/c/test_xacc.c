@@ -237,6 +237,60 @@ static void rows_group(void) {
   free(ws), free(rows), free(t), free(o1), free(o2);
 }
 
+/* One copy that 3 threads add into under its row locks (dsv4_xrows_alloc_locked: the compressed rows'
+ * sums), row by row and as groups of lists over a few rows (so that the threads contend for them),
+ * gives the bits of one thread adding into its own copy; every lock is free afterwards. */
+static void rows_locked(void) {
+  enum { R = 7, W = 67, L = DSV4_XROWS_LISTS, N = 24, GROUPS = 48, NT = 3 };
+  const int64_t nterms = (int64_t)GROUPS * L * N;
+  float *t = malloc(sizeof(float) * nterms * W), *o[3];
+  int32_t *rows = malloc(sizeof(int32_t) * nterms);
+  for (int i = 0; i < 3; i++) o[i] = calloc(R * W, sizeof(float));
+  tu_fill(t, nterms * W, 31, 200.0f);
+  uint32_t s = 11;
+  for (int64_t i = 0; i < nterms; i++) {
+    s = s * 1664525u + 1013904223u;
+    rows[i] = (int32_t)((s >> 8) % R);
+  }
+  dsv4_xrows x[3];
+  tu_ok(dsv4_xrows_alloc(&x[0], 0, R, W, 1, "test"), "xrows alloc");
+  tu_ok(dsv4_xrows_alloc_locked(&x[1], 0, R, W, NT, "test"), "xrows alloc locked");
+  tu_ok(dsv4_xrows_alloc_locked(&x[2], 0, R, W, NT, "test"), "xrows alloc locked");
+  int bad = 0;
+  for (int64_t i = 0; i < nterms; i++) bad |= dsv4_xrows_add(&x[0], rows[i], t + i * W, 1);
+#pragma omp parallel for num_threads(NT) schedule(dynamic, 1) reduction(| : bad)
+  for (int64_t i = 0; i < nterms; i++) bad |= dsv4_xrows_add(&x[1], rows[i], t + i * W, 1);
+  dsv4_carver c = {NULL, 0};
+  dsv4_xrows_group g;
+  dsv4_xrows_group_carve(&c, R, L * N, &g);
+  const size_t per = c.used;
+  char *ws = malloc(per * NT);
+#pragma omp parallel num_threads(NT) reduction(| : bad)
+  {
+    dsv4_xrows_group gt;
+    dsv4_carver ct = {ws + per * (size_t)omp_get_thread_num(), 0};
+    dsv4_xrows_group_carve(&ct, R, L * N, &gt);
+    dsv4_xrows_group_clear(&gt, R);
+#pragma omp for schedule(dynamic, 1)
+    for (int gi = 0; gi < GROUPS; gi++) {
+      for (int l = 0; l < L; l++) {
+        const int64_t i = ((int64_t)gi * L + l) * N;
+        dsv4_xrows_group_push(&gt, rows + i, N, t + i * W);
+      }
+      bad |= dsv4_xrows_add_group(&x[2], &gt);
+    }
+  }
+  int free_locks = 1;
+  for (int k = 1; k < 3; k++)
+    for (int r = 0; r < R; r++) free_locks &= x[k].lock[r] == 0;
+  tu_check(!bad && free_locks, "xrows locked: terms in range, every lock free after the adds");
+  for (int k = 0; k < 3; k++) tu_ok(dsv4_xrows_finish(&x[k], o[k], "test"), "xrows finish");
+  tu_check(!memcmp(o[0], o[1], sizeof(float) * R * W) && !memcmp(o[0], o[2], sizeof(float) * R * W),
+           "xrows locked: %d threads on one copy, row by row and in groups, give one thread's bits", NT);
+  free(ws), free(rows), free(t);
+  for (int i = 0; i < 3; i++) free(o[i]);
+}
+
 /* dx-style row products in global panels, added to what the rows hold: a shard's rows equal the whole
  * stream's bits, with 1 and 2 threads. */
 static void rows_nn_panels(void) {
@@ -664,6 +718,7 @@ static const tu_test TESTS[] = {
   {"xacc", "refuses-bad-terms", refuses_bad_terms},
   {"xacc", "rows-any-threads", rows_any_threads},
   {"xacc", "rows-group", rows_group},
+  {"xacc", "rows-locked", rows_locked},
   {"backward", "rows-nn-panels", rows_nn_panels},
   {"backward", "rows-nn-mapped", rows_nn_mapped},
   {"backward", "wgrad-panels", wgrad_panels},
