@@ -87,7 +87,7 @@ static inline int dsv4_xrows_add(dsv4_xrows *x, int64_t row, const float *t, int
 typedef struct {
   int32_t *slot;       /* [rows]: a row's place among the group's distinct rows, or -1 between groups */
   int32_t *uniq, *cnt; /* [cap]: the distinct rows in the order first seen, their term counts */
-  int32_t *defer;      /* [cap]: distinct rows whose lock was taken at the first try (locked sums) */
+  int32_t *defer;      /* [cap]: distinct rows another thread held at the first try (locked sums) */
   int64_t *start;      /* [cap]: where a distinct row's terms begin in terms */
   const float **terms; /* [cap]: the group's terms, ordered by distinct row */
   const int32_t *list_rows[DSV4_XROWS_LISTS];
